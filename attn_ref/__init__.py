@@ -1,0 +1,34 @@
+"""attn_ref: the readable PyTorch reference of modern LLM attention.
+
+The specification in code, and the numerical oracle the Triton kernels (:mod:`kernels`) are tested
+against. All math runs in fp32 whatever the input dtype. Layout ``(batch, seq, heads, head_dim)``.
+
+* :func:`flash_attn_with_kvcache` - sglang's FA3 KV-cache attention API.
+* Building blocks: :func:`attention_with_lse`, :func:`visible_keys`, :func:`apply_rotary`,
+  :func:`gather_cache` / :func:`paged_to_dense`, :func:`merge_attention_states`, :func:`split_bounds`.
+* :func:`check_kvcache_args` - the validation shared with the kernels.
+"""
+
+from .attention import attention_with_lse
+from .kvcache import flash_attn_with_kvcache
+from .masks import visible_keys
+from .merge import merge_attention_states
+from .paged import cache_slots, gather_cache, paged_to_dense, scatter_cache
+from .rotary import apply_rotary
+from .splits import split_bounds
+from .validation import KVCacheCall, check_kvcache_args
+
+__all__ = [
+    "KVCacheCall",
+    "apply_rotary",
+    "attention_with_lse",
+    "cache_slots",
+    "check_kvcache_args",
+    "flash_attn_with_kvcache",
+    "gather_cache",
+    "merge_attention_states",
+    "paged_to_dense",
+    "scatter_cache",
+    "split_bounds",
+    "visible_keys",
+]

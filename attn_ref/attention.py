@@ -1,0 +1,106 @@
+"""Attention of one sequence over a set of keys, with its log-sum-exp: the math at the centre.
+
+For query row ``i``, query head ``h`` (served by key/value head ``g(h) = h // (H / H_k)``, GQA)::
+
+    s_ij   = q_i · k_j  (+ qv_i · v_j  when qv is given;  only qv_i · v_j  when only_qv)
+    ℓ_ij   = scale · s_ij                                 (softcap = 0)
+           = softcap · tanh(scale · s_ij / softcap)       (softcap > 0, applied before masking)
+    ℓ_ij   = -inf where key j is not visible to row i
+    lse_i  = log( Σ_j e^{ℓ_ij} + e^{σ_h} )                (σ_h: the sink logit, if any)
+    out_i  = Σ_j e^{ℓ_ij - lse_i} v_j
+
+All of it in fp32 whatever the input dtype. A row with no visible key (and no sink) gives
+``out = 0`` and ``lse = -inf``; with a sink it gives ``out = 0`` and ``lse = σ_h``.
+
+Memory stays bounded: rows are processed in chunks so that a chunk's score tensor has at most
+:data:`MAX_SCORE_ELEMENTS` entries (a 32k-token prefill never materialises 32k x 32k scores).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .masks import visible_keys
+
+#: Upper bound on the elements of one score tensor ``(h, rows, keys)`` (fp32: 256 MiB).
+MAX_SCORE_ELEMENTS = 1 << 26
+
+
+def attention_with_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    qv: Optional[torch.Tensor] = None,
+    only_qv: bool = False,
+    sinks: Optional[torch.Tensor] = None,
+    key_offset: int = 0,
+    seqlen_k: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention state of one sequence.
+
+    Args:
+        q: ``(sq, h, d)`` queries (ignored when ``only_qv``).
+        k: ``(n, h_k, d)`` keys, v: ``(n, h_k, dv)`` values: keys ``key_offset .. key_offset + n - 1``
+            of a sequence of ``seqlen_k`` keys (default ``n``). The offset lets a caller attend one
+            slice of the keys (a KV split, a ring step) with the masks of the whole sequence.
+        qv: ``(sq, h, dv)`` extra query part dotted with V (MLA), or None.
+        sinks: ``(h,)`` sink logits σ_h (final-logit space), or None.
+        causal, window_size, attention_chunk: masks, see :mod:`attn_ref.masks`.
+
+    Returns:
+        ``out (sq, h, dv)`` fp32 and ``lse (h, sq)`` fp32 (natural log).
+    """
+    sq, h = (qv if only_qv else q).shape[:2]
+    n, h_k, dv = v.shape
+    g = h // h_k
+    seqlen_k = n if seqlen_k is None else seqlen_k
+    kf, vf = k.float(), v.float()
+    out = torch.empty(sq, h, dv, dtype=torch.float32, device=v.device)
+    lse = torch.empty(h, sq, dtype=torch.float32, device=v.device)
+    rows_per_chunk = max(1, MAX_SCORE_ELEMENTS // max(1, h * n))
+    for r0 in range(0, sq, rows_per_chunk):
+        r1 = min(sq, r0 + rows_per_chunk)
+        scores = torch.zeros(h_k, g, r1 - r0, n, dtype=torch.float32, device=v.device)  # (h_k, g, rows, n)
+        if not only_qv:
+            qg = q[r0:r1].float().view(r1 - r0, h_k, g, -1)  # (rows, h_k, g, d)
+            scores += torch.einsum("rkgd,nkd->kgrn", qg, kf)
+        if qv is not None:
+            qvg = qv[r0:r1].float().view(r1 - r0, h_k, g, dv)  # (rows, h_k, g, dv)
+            scores += torch.einsum("rkgd,nkd->kgrn", qvg, vf)
+        if softcap > 0:
+            logits = softcap * torch.tanh(scores * (softmax_scale / softcap))
+        else:
+            logits = scores * softmax_scale
+        visible = visible_keys(sq, seqlen_k, causal, window_size, attention_chunk, v.device, r0, r1)
+        logits = logits.masked_fill(~visible[:, key_offset:key_offset + n], float("-inf"))
+        o, l = _softmax_state(logits, vf, None if sinks is None else sinks.float().view(h_k, g))
+        out[r0:r1], lse[:, r0:r1] = o.reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0)
+    return out, lse
+
+
+def _softmax_state(
+    logits: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalise grouped logits into an attention state.
+
+    ``logits (h_k, g, rows, n)`` fp32 with -inf where masked, ``v (n, h_k, dv)`` fp32,
+    ``sinks (h_k, g)`` or None. Returns ``out (rows, h_k, g, dv)`` and ``lse (h_k, g, rows)``.
+    """
+    m = logits.amax(dim=-1)  # (h_k, g, rows)
+    if sinks is not None:
+        m = torch.maximum(m, sinks[..., None])
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # empty row: any finite shift works
+    p = torch.exp(logits - m[..., None])  # (h_k, g, rows, n), 0 where masked
+    denom = p.sum(dim=-1)  # (h_k, g, rows)
+    if sinks is not None:
+        denom = denom + torch.exp(sinks[..., None] - m)
+    inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
+    out = torch.einsum("kgrn,nkd->rkgd", p * inv[..., None], v)
+    return out, m + torch.log(denom)

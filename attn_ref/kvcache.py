@@ -1,0 +1,220 @@
+"""Reference ``flash_attn_with_kvcache``: sglang's FA3 API computed in plain PyTorch, fp32 math.
+
+The call runs in three steps, each a short function below:
+
+1. :func:`check_kvcache_args` validates everything (nothing is written if it raises);
+2. :func:`append_kv` writes the new keys (rotated) and values into the cache, in place;
+3. :func:`attend` computes, per batch entry, the attention of its query rows over its valid keys
+   ``[leftpad, cache_seqlens + new)``, as ``num_splits`` key ranges merged through their LSE.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import Optional, Union
+
+import torch
+
+from .attention import attention_with_lse
+from .merge import merge_attention_states
+from .paged import gather_cache, scatter_cache
+from .rotary import apply_rotary
+from .splits import split_bounds
+from .validation import KVCacheCall, check_kvcache_args
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    qv=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    rotary_seqlens: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    attention_chunk: Optional[int] = None,
+    softcap=0.0,  # 0.0 means deactivated
+    rotary_interleaved=True,
+    scheduler_metadata=None,
+    num_splits=0,
+    pack_gqa=None,
+    only_qv=False,
+    sm_margin=0,
+    return_softmax_lse=False,
+    sinks=None,
+    score_mod=None,
+    aux_tensors=None,
+    ver=3,
+    out=None,
+):
+    """Attention of ``q`` over a KV cache, appending ``k``/``v`` to the cache first (in place).
+
+    Same signature, order and defaults as sglang's ``sgl_kernel.flash_attn.flash_attn_with_kvcache``.
+    Shapes (``b`` batch, ``sq`` query rows, ``h`` / ``h_k`` query / KV heads, ``d`` / ``dv`` head dims,
+    ``P`` page size):
+
+    Args:
+        q: ``(b, sq, h, d)``, or ``(total_q, h, d)`` with ``cu_seqlens_q``. fp16, bf16, fp32 or
+            fp8 e4m3. May be None only with ``only_qv=True``.
+        k_cache: ``(b_cache, s_cache, h_k, d)``, or paged ``(num_pages, P, h_k, d)`` with
+            ``page_table``. May be None only with ``only_qv=True`` (a placeholder is used).
+        v_cache: ``(b_cache, s_cache, h_k, dv)`` or ``(num_pages, P, h_k, dv)``.
+        k, v: new tokens ``(b, s_new, h_k, d|dv)``, or ``(total_new, h_k, d|dv)`` with
+            ``cu_seqlens_k_new``; written at positions ``cache_seqlens[i] ...`` (k after rotary).
+        qv: ``(b, sq, h, dv)`` / ``(total_q, h, dv)``: adds ``qv·V`` to the scores (MLA).
+        rotary_cos, rotary_sin: ``(seqlen_rotary, rotary_dim / 2)``; need ``k``/``v``.
+        cache_seqlens: int or ``(b,)`` int32: absolute end of the old tokens of each sequence.
+        cache_batch_idx: ``(b,)`` int32: cache row (or page-table row) of each batch entry.
+        cache_leftpad: ``(b,)`` int32: first valid cache position of each sequence.
+        page_table: ``(b_k, max_pages)`` int32: position ``p`` is at ``[page_table[r, p // P], p % P]``.
+        cu_seqlens_q, max_seqlen_q: varlen queries; cu_seqlens_k_new: varlen new k/v.
+        rotary_seqlens: ``(b,)`` int32 rotary position of the first new key (default cache_seqlens).
+        q_descale, k_descale, v_descale: ``(b, h_k)`` fp32, used only with fp8 inputs.
+        softmax_scale: default ``(d + dv_qv) ** -0.5``, or ``dv ** -0.5`` with only_qv (as sglang).
+        causal: bottom-right aligned causal mask. window_size: ``(left, right)``, -1 unbounded.
+        attention_chunk: keys only from the query's own chunk of this size (None/0: off).
+        softcap: ``softcap * tanh(scale * s / softcap)`` before masking (0: off).
+        rotary_interleaved: GPT-J pairs (True) or GPT-NeoX halves (False).
+        num_splits: 0 heuristic (here: 1), 1 no split, n > 1: n KV splits merged through their LSE.
+        only_qv: scores from ``qv·V`` only (q and K are not read).
+        return_softmax_lse: return ``(out, lse, out_accum, lse_accum)`` instead of ``out``.
+        sinks: ``(h,)`` sink logits, added to the softmax denominator and to the LSE.
+        out: optional preallocated output, written and returned.
+        scheduler_metadata, pack_gqa, sm_margin: performance knobs of FA3; no effect here.
+        score_mod, aux_tensors, ver: accepted and ignored, as sglang does.
+
+    Returns:
+        ``out`` ``(b, sq, h, dv)`` / ``(total_q, h, dv)`` in q's dtype (bf16 for fp8). With
+        ``return_softmax_lse``: ``(out, lse, out_accum, lse_accum)`` where ``lse`` is fp32
+        ``(b, h, sq)`` / ``(h, total_q)`` (natural log; -inf for a row with no visible key, +inf for
+        zero-length KV), and the split partials are fp32 ``(n, b, h, sq, dv)`` / ``(n, b, h, sq)``
+        (varlen: ``(n, h, total_q, dv)`` / ``(n, h, total_q)``) when ``n > 1`` splits ran, else None.
+    """
+    call = check_kvcache_args(
+        q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
+        q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
+        softcap, rotary_interleaved, num_splits, only_qv, sinks, out,
+    )
+    append_kv(call)
+    result, lse, out_accum, lse_accum = attend(call)
+    if return_softmax_lse:
+        return result, lse, out_accum, lse_accum
+    return result
+
+
+def append_kv(call: KVCacheCall) -> None:
+    """Write new tokens into the cache: ``K[C_i + t] = rot(k_i[t])``, ``V[C_i + t] = v_i[t]``."""
+    if call.k is None:
+        return
+    for i in range(call.batch_size):
+        n = call.new_lens[i]
+        if n == 0:
+            continue
+        k_new, v_new = _rows(call.k, call, i, n, call.new_starts[i]), _rows(call.v, call, i, n, call.new_starts[i])
+        positions = torch.arange(call.cache_seqlens[i], call.cache_seqlens[i] + n)
+        if call.rotary_dim:
+            ro_positions = torch.arange(call.rotary_starts[i], call.rotary_starts[i] + n)
+            k_new = apply_rotary(k_new, call.rotary_cos, call.rotary_sin, ro_positions.to(k_new.device),
+                                 call.rotary_interleaved)
+        scatter_cache(call.k_cache, call.cache_rows[i], positions, k_new, call.page_table)
+        scatter_cache(call.v_cache, call.cache_rows[i], positions, v_new, call.page_table)
+
+
+def attend(call: KVCacheCall):
+    """Attention for every batch entry; returns ``(out, lse, out_accum, lse_accum)`` (see above)."""
+    h, dv, device = call.num_heads, call.head_dim_v, call.v_cache.device
+    n_splits = max(call.num_splits, 1)  # the reference's heuristic: one split
+    total_q = call.total_q
+    # Work in the varlen layout (rows = tokens); the batched layout is a reshape at the end.
+    out_rows = torch.zeros(total_q, h, dv, dtype=torch.float32, device=device)
+    lse_rows = torch.full((h, total_q), float("inf") if call.empty_kv else float("-inf"), device=device)
+    accum = torch.zeros(n_splits, h, total_q, dv, device=device) if n_splits > 1 else None
+    lse_accum = torch.full((n_splits, h, total_q), float("-inf"), device=device) if n_splits > 1 else None
+    row = 0
+    for i in range(call.batch_size):
+        rows = slice(row, row + call.seqlens_q[i])
+        row += call.seqlens_q[i]
+        if call.empty_kv:
+            continue
+        partials = _split_states(call, i, n_splits)
+        o, lse = reduce(lambda a, b: merge_attention_states(*a, *b), partials)
+        out_rows[rows], lse_rows[:, rows] = o, lse.T
+        if accum is not None:
+            for s, (o_s, lse_s) in enumerate(partials):
+                accum[s, :, rows], lse_accum[s, :, rows] = o_s.transpose(0, 1), lse_s.T
+    return _to_caller_layout(call, out_rows, lse_rows, accum, lse_accum)
+
+
+def _split_states(call: KVCacheCall, i: int, n_splits: int):
+    """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split."""
+    sq, sk = call.seqlens_q[i], call.seqlens_k[i]
+    positions = torch.arange(call.leftpads[i], call.leftpads[i] + sk)
+    k = gather_cache(call.k_cache, call.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, d)
+    v = gather_cache(call.v_cache, call.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, dv)
+    q = _rows(call.q, call, i, sq, call.q_starts[i]).float()  # (sq, h, d)
+    qv = _rows(call.qv, call, i, sq, call.q_starts[i]) if call.qv is not None else None
+    if call.rotary_dim and not call.only_qv:
+        start = call.rotary_starts[i]
+        ro_positions = torch.full((sq,), start) if call.rotary_q_fixed_position else torch.arange(start, start + sq)
+        q = apply_rotary(q, call.rotary_cos, call.rotary_sin, ro_positions.to(q.device), call.rotary_interleaved)
+    if call.is_fp8:
+        q, k, v = _dequantize(call, i, q, k, v)
+    states = []
+    for s, (k0, k1) in enumerate(split_bounds(sk, n_splits)):
+        o, lse = attention_with_lse(
+            q, k[k0:k1], v[k0:k1], call.softmax_scale, call.causal, call.window_size,
+            call.attention_chunk, call.softcap, qv, call.only_qv,
+            call.sinks if s == 0 else None,  # the sink is counted once: in split 0
+            key_offset=k0, seqlen_k=sk,
+        )
+        states.append((o, lse.T))
+    return states
+
+
+def _dequantize(call: KVCacheCall, i: int, q, k, v):
+    """fp8 inputs: ``x * x_descale[i, g]`` per KV head ``g`` (q's factor repeated over its query heads)."""
+    group = call.num_heads // call.num_heads_k
+
+    def scaled(x, descale, repeat):
+        if descale is None:
+            return x
+        return x * descale[i].float().repeat_interleave(repeat)[None, :, None]
+
+    return scaled(q, call.q_descale, group), scaled(k, call.k_descale, 1), scaled(v, call.v_descale, 1)
+
+
+def _rows(x: torch.Tensor, call: KVCacheCall, i: int, n: int, start: int) -> torch.Tensor:
+    """Tokens of batch entry ``i``: ``x[i, :n]`` (batched layout) or ``x[start:start + n]`` (packed)."""
+    return x[start:start + n] if x.dim() == 3 else x[i, :n]
+
+
+def _to_caller_layout(call: KVCacheCall, out_rows, lse_rows, accum, lse_accum):
+    """Rows-first results -> ``(b, sq, ...)`` / ``(b, h, sq)`` unless the queries were packed."""
+    out_rows = out_rows.to(call.out_dtype)
+    if not call.varlen_q:
+        b, sq = call.batch_size, call.q.shape[1]
+        out_rows = out_rows.view(b, sq, call.num_heads, call.head_dim_v)
+        lse_rows = lse_rows.view(call.num_heads, b, sq).transpose(0, 1).contiguous()
+        if accum is not None:
+            n = accum.shape[0]
+            accum = accum.view(n, call.num_heads, b, sq, -1).transpose(1, 2).contiguous()
+            lse_accum = lse_accum.view(n, call.num_heads, b, sq).transpose(1, 2).contiguous()
+    if call.out is not None:
+        call.out.copy_(out_rows)
+        out_rows = call.out
+    return out_rows, lse_rows, accum, lse_accum

@@ -13,7 +13,7 @@ PINNED := triton==3.9.0 numpy==2.4.6 pytest==9.2.0 hypothesis==6.170.17 pytest-t
 	mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocs-jupyter==0.26.3 'mkdocstrings[python]==1.0.8' \
 	mkdocstrings-python==2.0.11 playwright==1.65.2
 
-.PHONY: serve test docs venv clean
+.PHONY: serve test docs venv browser clean
 
 venv: $(STAMP)
 
@@ -31,7 +31,13 @@ docs: $(STAMP)
 serve: docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
-test: $(STAMP)
+# The docs browser test drives Debian's Chromium (Playwright for Python, no browser download).
+browser:
+	@test -x /usr/bin/chromium || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+		--no-install-recommends chromium >/dev/null; }
+
+test: $(STAMP) browser
 	TRITON_INTERPRET=1 $(PY) -m pytest -q
 
 clean:

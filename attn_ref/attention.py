@@ -93,7 +93,8 @@ def _softmax_state(
     ``logits (h_k, g, rows, n)`` fp32 with -inf where masked, ``v (n, h_k, dv)`` fp32,
     ``sinks (h_k, g)`` or None. Returns ``out (rows, h_k, g, dv)`` and ``lse (h_k, g, rows)``.
     """
-    m = logits.amax(dim=-1)  # (h_k, g, rows)
+    # Row maximum; a state over zero keys (empty split, cache_seqlens = 0) has max -inf.
+    m = logits.amax(dim=-1) if logits.shape[-1] else logits.new_full(logits.shape[:-1], float("-inf"))
     if sinks is not None:
         m = torch.maximum(m, sinks[..., None])
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # empty row: any finite shift works

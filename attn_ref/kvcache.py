@@ -89,7 +89,7 @@ def flash_attn_with_kvcache(
         attention_chunk: keys only from the query's own chunk of this size (None/0: off).
         softcap: ``softcap * tanh(scale * s / softcap)`` before masking (0: off).
         rotary_interleaved: GPT-J pairs (True) or GPT-NeoX halves (False).
-        num_splits: 0 heuristic (here: 1), 1 no split, n > 1: n KV splits merged through their LSE.
+        num_splits: <= 0 heuristic (here: 1), 1 no split, n > 1: n KV splits merged through their LSE.
         only_qv: scores from ``qv·V`` only (q and K are not read).
         return_softmax_lse: return ``(out, lse, out_accum, lse_accum)`` instead of ``out``.
         sinks: ``(h,)`` sink logits, added to the softmax denominator and to the LSE.

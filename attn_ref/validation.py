@@ -94,7 +94,7 @@ class KVCacheCall:
     rotary_dim: int
     rotary_q_fixed_position: bool
     only_qv: bool
-    num_splits: int
+    num_splits: int  # 0 = heuristic (any num_splits <= 0 given), 1 = no split, n > 1 = n splits
     empty_kv: bool
 
     @property
@@ -308,6 +308,11 @@ def check_kvcache_args(
         _require_dtype("page_table", page_table, torch.int32)
         _require_ndim("page_table", page_table, 2, "(batch_k, max_pages_per_seq)")
         page_size = k_cache.shape[1]
+        if page_size == 0:
+            raise ValueError(
+                "with page_table, k_cache and v_cache must be (num_pages, page_size, h_k, dim) with "
+                "page_size >= 1, got page_size 0"
+            )
         capacity = page_table.shape[1] * page_size
         batch_k = page_table.shape[0]
     else:
@@ -339,8 +344,10 @@ def check_kvcache_args(
             _require_device(name, x, device)
             _require_dtype(name, x, q.dtype)
             if cu_seqlens_k_new is not None:
+                _require_ndim(name, x, 3, "(total_k_new, h_k, dim) when cu_seqlens_k_new is given")
                 _require_shape(name, x, (k.shape[0], num_heads_k, dim), "(total_k_new, h_k, dim)")
             else:
+                _require_ndim(name, x, 4, "(batch, seqlen_new, h_k, dim)")
                 _require_shape(name, x, (batch, k.shape[1], num_heads_k, dim), "(batch, seqlen_new, h_k, dim)")
         if cache_seqlens is None:
             raise ValueError("cache_seqlens must be given when k and v are appended to the cache")
@@ -407,6 +414,7 @@ def check_kvcache_args(
             raise ValueError("qv is not supported with float8_e4m3fn inputs")
         _require_dtype("qv", qv, q.dtype)
         _require_shape("qv", qv, (*q.shape[:-1], head_dim_v), "(q's shape with v's head dim)")
+        _require_contiguous_last_dim("qv", qv)
 
     # Rotary embedding of the new keys (and of q).
     if (rotary_cos is None) != (rotary_sin is None):
@@ -422,9 +430,11 @@ def check_kvcache_args(
     if chunk < 0:
         raise ValueError(f"attention_chunk must be None or >= 0 (0 = off), got {attention_chunk!r}")
     # Rotary positions of q: P0 + i in causal/local mode, else every row at P0 (FA3's
-    # FixedPosition). The mode is taken after FA3's window normalisation: a window side at
-    # least as wide as the static length counts as unbounded.
-    local = (0 <= window[0] < capacity - 1) or (0 <= window[1] < max(seqlens_q, default=0) - 1)
+    # FixedPosition). The mode is taken after FA3's window normalisation, which compares with the
+    # static lengths (cache capacity; sq, or the max_seqlen_q argument for varlen q):
+    # wl >= capacity - 1 -> unbounded, wr >= static_sq - 1 -> unbounded.
+    static_sq = int(max_seqlen_q) if varlen_q else q.shape[1]
+    local = (0 <= window[0] < capacity - 1) or (0 <= window[1] < static_sq - 1)
     q_fixed = not (causal or chunk > 0 or local)
     if rotary_cos is not None:
         if k is None:
@@ -443,6 +453,12 @@ def check_kvcache_args(
             raise ValueError(
                 f"rotary_dim = 2 * rotary_cos.shape[1] must be a multiple of 16 and <= the head "
                 f"dim ({head_dim}), got {rotary_dim}"
+            )
+        if page_table is not None and rotary_cos.shape[0] < capacity:
+            # FA3's C++ check for paged caches: the table covers every position a sequence can hold.
+            raise ValueError(
+                f"with page_table, rotary_cos must have at least max_pages_per_seq * page_size = "
+                f"{capacity} rows, got {rotary_cos.shape[0]}"
             )
         for i in range(batch):
             last_key = rotary_starts[i] + new_lens[i]
@@ -469,9 +485,9 @@ def check_kvcache_args(
         _require_shape("sinks", sinks, (num_heads,), "(h,)")
     if softcap < 0:
         raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
-    if not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_NUM_SPLITS:
+    if not isinstance(num_splits, int) or num_splits > MAX_NUM_SPLITS:
         raise ValueError(
-            f"num_splits must be an int in [0, {MAX_NUM_SPLITS}] (0 = heuristic, 1 = no split), "
+            f"num_splits must be an int <= {MAX_NUM_SPLITS} (<= 0 = heuristic, 1 = no split), "
             f"got {num_splits!r}"
         )
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
@@ -480,7 +496,10 @@ def check_kvcache_args(
         _require_device("out", out, device)
         _require_dtype("out", out, out_dtype)
         _require_shape("out", out, (*q.shape[:-1], head_dim_v), "(q's shape with v's head dim)")
+        _require_contiguous_last_dim("out", out)
 
+    # FA3 skips the kernel when q's batch x k_cache.shape[1] + new tokens == 0 ("zero-length KV":
+    # out 0, lse +inf). With a page table shape[1] is the page size (>= 1), so paged KV is never empty.
     total_new = k.shape[:-2].numel() if k is not None else 0
     return KVCacheCall(
         q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv,
@@ -494,5 +513,5 @@ def check_kvcache_args(
         softmax_scale=float(softmax_scale), causal=bool(causal), window_size=window,
         attention_chunk=chunk, softcap=float(softcap), rotary_interleaved=bool(rotary_interleaved),
         rotary_dim=rotary_dim, rotary_q_fixed_position=q_fixed, only_qv=bool(only_qv),
-        num_splits=num_splits, empty_kv=capacity == 0 and total_new == 0,
+        num_splits=max(num_splits, 0), empty_kv=k_cache.shape[1] == 0 and total_new == 0,
     )

@@ -1,0 +1,20 @@
+"""Benchmarks of ``attn_ref`` (CPU) and ``kernels`` (GPU) against torch SDPA on the same problems.
+
+One entry point, run from the repository root (the package is not installed)::
+
+    python -m benchmarks.run [--quick] [--device cpu|cuda] [--out DIR]
+
+It prints a table and writes ``<device>.json`` (validated by ``benchmarks/schema.json``),
+``<device>.md`` (the same table in Markdown, for the docs) and ``<device>_<suite>.png`` plots to
+``benchmarks/results/`` (or ``--out``). Every file records the machine, date, versions and command.
+
+* :mod:`benchmarks.problems` - the shapes, the input builders and the byte / FLOP formulas.
+* :mod:`benchmarks.cpu` - reference vs SDPA on the CPU: median time ratio and peak memory.
+* :mod:`benchmarks.gpu` - kernels vs SDPA (and FlashAttention when installed) on a CUDA device:
+  decode bandwidth, prefill FLOP/s and the combine kernel's bandwidth.
+* :mod:`benchmarks.record` - run metadata, JSON and Markdown output.
+* :mod:`benchmarks.plots` - the PNG figures.
+* ``benchmarks/gpu_check.sh OUTDIR`` - GPU tests plus GPU benchmarks in one time-boxed script.
+
+Timings of the Triton interpreter are not benchmarks: the GPU suite refuses to run without CUDA.
+"""

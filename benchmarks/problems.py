@@ -1,0 +1,155 @@
+"""The benchmarked problems: shapes, inputs, and the byte and FLOP counts the figures are made of.
+
+Every problem is one ``flash_attn_with_kvcache`` call over a paged KV cache (page size ``P``, the
+pages of all sequences shuffled by a random permutation) in which each of the ``b`` sequences holds
+``seqlen_k`` tokens:
+
+* **decode**: ``seqlen_q = 1``, no mask (the new token sees its whole context);
+* **prefill**: ``seqlen_q = seqlen_k``, causal (the prompt's keys are already in the cache).
+
+Torch SDPA gets the same logical problem: K/V gathered from the pages into dense tensors ahead of
+time (not timed), in SDPA's ``(b, heads, seq, d)`` layout (:func:`dense_kv`), plus a mask where the
+backend takes one (:func:`sdpa_mask`).
+
+Counts (``h`` / ``h_k`` query / KV heads, ``d`` / ``dv`` head dims, ``e`` bytes per element):
+
+* bytes, the least traffic a call needs (each input read once, the output written once), as in
+  FlashAttention's ``hopper/benchmark_mla_decode.py``::
+
+      K + V   = b * seqlen_k * h_k * (d + dv) * e
+      q + out = b * seqlen_q * h * (d + dv) * e
+      indices = page_table (b * ceil(seqlen_k / P) * 4) + cache_seqlens (b * 4)
+
+* FLOPs, two matmuls of ``2 * m * n * k`` each (the Triton tutorial's count)::
+
+      flops = 2 * b * h * seqlen_q * seqlen_k * (d + dv) * visible
+
+  with ``visible = 0.5`` for causal ``seqlen_q == seqlen_k`` (the tutorial's and FlashAttention's
+  convention) and 1 otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from attn_ref import paged_to_dense, visible_keys
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmarked ``flash_attn_with_kvcache`` call (GQA: ``heads_q`` a multiple of ``heads_kv``)."""
+
+    suite: str  # "decode" or "prefill"
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int = 32
+    heads_kv: int = 8
+    head_dim: int = 128
+    page_size: int = 64
+    dtype: str = "bfloat16"
+
+    @property
+    def causal(self) -> bool:
+        return self.suite == "prefill"
+
+    @property
+    def label(self) -> str:
+        return f"b={self.batch} sk={self.seqlen_k}" + (f" sq={self.seqlen_q}" if self.seqlen_q > 1 else "")
+
+    @property
+    def element_size(self) -> int:
+        return torch.finfo(DTYPES[self.dtype]).bits // 8
+
+    @property
+    def pages_per_sequence(self) -> int:
+        return -(-self.seqlen_k // self.page_size)
+
+    def shape(self) -> dict:
+        return {**asdict(self), "causal": self.causal}
+
+    def bytes_moved(self) -> int:
+        """Least device-memory traffic of one call (see the module docstring)."""
+        b, e, d = self.batch, self.element_size, self.head_dim
+        kv = b * self.seqlen_k * self.heads_kv * (d + d) * e
+        q_and_out = b * self.seqlen_q * self.heads_q * (d + d) * e
+        indices = b * self.pages_per_sequence * 4 + b * 4
+        return kv + q_and_out + indices
+
+    def flops(self) -> int:
+        """Matmul FLOPs of one call (see the module docstring)."""
+        visible = 0.5 if self.causal else 1.0
+        d = self.head_dim
+        return int(2 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (d + d) * visible)
+
+
+def decode(batch: int, context: int, dtype: str = "bfloat16") -> Problem:
+    return Problem("decode", batch, 1, context, dtype=dtype)
+
+
+def prefill(batch: int, seqlen: int, dtype: str = "bfloat16") -> Problem:
+    return Problem("prefill", batch, seqlen, seqlen, dtype=dtype)
+
+
+@dataclass
+class KVCacheInputs:
+    """Arguments of ``flash_attn_with_kvcache`` for a :class:`Problem`.
+
+    ``q (b, sq, h, d)``; ``k_cache``, ``v_cache`` ``(num_pages, P, h_k, d)``; ``page_table
+    (b, pages_per_sequence)`` int32, a random permutation of all pages; ``cache_seqlens (b,)`` int32.
+    """
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    page_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    causal: bool
+
+    def kwargs(self) -> dict:
+        return {
+            "q": self.q, "k_cache": self.k_cache, "v_cache": self.v_cache, "page_table": self.page_table,
+            "cache_seqlens": self.cache_seqlens, "causal": self.causal,
+        }
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (self.q, self.k_cache, self.v_cache, self.page_table, self.cache_seqlens))
+
+
+def make_inputs(problem: Problem, device: str, seed: int = 0) -> KVCacheInputs:
+    """Random normal q / K / V (never zeros: they hide indexing bugs) in a shuffled paged cache."""
+    p, dtype = problem, DTYPES[problem.dtype]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    num_pages = p.batch * p.pages_per_sequence
+    cache_shape = (num_pages, p.page_size, p.heads_kv, p.head_dim)
+    k_cache = torch.randn(cache_shape, generator=gen, device=device, dtype=dtype)
+    v_cache = torch.randn(cache_shape, generator=gen, device=device, dtype=dtype)
+    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, generator=gen, device=device, dtype=dtype)
+    page_table = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+    page_table = page_table.view(p.batch, p.pages_per_sequence)
+    cache_seqlens = torch.full((p.batch,), p.seqlen_k, dtype=torch.int32, device=device)
+    return KVCacheInputs(q, k_cache, v_cache, page_table, cache_seqlens, p.causal)
+
+
+def dense_kv(inputs: KVCacheInputs, seqlen_k: int, expand_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V gathered from the pages: ``(b, h_k, sk, d)``, or ``(b, h, sk, d)`` with each KV head
+    repeated for its ``h / h_k`` query heads (query head ``j`` reads KV head ``j // (h / h_k)``)."""
+    heads_q = inputs.q.shape[2]
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        x = paged_to_dense(cache, inputs.page_table)[:, :seqlen_k].transpose(1, 2)  # (b, h_k, sk, d)
+        if not expand_gqa:
+            return x.contiguous()
+        b, h_k, sk, d = x.shape
+        return x[:, :, None].expand(b, h_k, heads_q // h_k, sk, d).reshape(b, heads_q, sk, d)
+
+    return gather(inputs.k_cache), gather(inputs.v_cache)
+
+
+def sdpa_mask(problem: Problem, device: str) -> torch.Tensor:
+    """The explicit boolean mask ``(sq, sk)`` of the problem (True = visible), bottom-right causal."""
+    return visible_keys(problem.seqlen_q, problem.seqlen_k, causal=problem.causal, device=device)

@@ -1,0 +1,204 @@
+"""What every result file carries (machine, date, versions, command, load) and how it is written.
+
+A result is one JSON document per device (``cpu.json`` / ``cuda.json``), described by
+``benchmarks/schema.json``::
+
+    {"schema_version", "device", "date", "command", "machine", "versions", "load", "settings",
+     "ceilings", "cases": [case, ...], "targets": [{"name", "value", "met"}, ...]}
+
+    case = {"suite", "label", "shape", "bytes", "flops", "baseline",
+            "providers": {name: {"time_s", "bytes_per_s", "flop_per_s", "time_ratio_vs_baseline", ...}
+                               | {"error": why it did not run}}}
+
+Units are SI: seconds, bytes, bytes/s, FLOP/s (TB = 1e12, GB = 1e9, never powers of 1024).
+The same document renders as the printed table and as ``<device>.md`` (:func:`markdown`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).with_name("schema.json")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def command_line() -> str:
+    """The command that produced the results, as typed (interpreter shown by its file name)."""
+    argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
+    return shlex.join([Path(argv[0]).name, *argv[1:]])
+
+
+def metadata(device: str, settings: dict) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "device": device,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command_line(),
+        "machine": machine(device),
+        "versions": versions(),
+        "load": {"loadavg_1_5_15_start": list(os.getloadavg())},
+        "settings": settings,
+    }
+
+
+def finish(result: dict) -> None:
+    """Record the load at the end (other processes on a shared machine skew CPU timings)."""
+    result["load"]["loadavg_1_5_15_end"] = list(os.getloadavg())
+
+
+def machine(device: str) -> dict:
+    info = {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_bytes": _meminfo_bytes("MemTotal"),
+        "os": platform.platform(),
+    }
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info |= {
+            "gpu": props.name,
+            "gpu_sms": props.multi_processor_count,
+            "gpu_memory_bytes": props.total_memory,
+            "gpu_l2_bytes": getattr(props, "L2_cache_size", None),
+            "gpu_compute_capability": f"{props.major}.{props.minor}",
+            "gpu_driver_and_clocks": _nvidia_smi_query(),
+        }
+        info["summary"] = f"{props.name} ({props.multi_processor_count} SMs)"
+    else:
+        info["summary"] = f"{info['cpu']} ({info['cpu_count']} CPUs, {info['torch_threads']} torch threads)"
+    return info
+
+
+def versions() -> dict:
+    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for module in ("triton", "numpy", "matplotlib", "flash_attn", "flash_attn_interface"):
+        try:
+            found[module] = getattr(__import__(module), "__version__", "installed")
+        except ImportError:
+            continue
+    found["attn_ref_git"] = _git_describe()
+    return found
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _meminfo_bytes(field: str):
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _run(args: list[str]) -> str:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=20, cwd=REPO_ROOT)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _git_describe() -> str:
+    return _run(["git", "describe", "--always", "--dirty"]) or "unknown (no git checkout)"
+
+
+def _nvidia_smi_query() -> str:
+    fields = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu"
+    return _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv"]) or "nvidia-smi unavailable"
+
+
+def write_json(result: dict, path: Path) -> None:
+    path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+# --- tables ---------------------------------------------------------------------------------------
+
+def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: one row per (case, provider)."""
+    gpu = result["device"] == "cuda"
+    unit, scale = ("TB/s", 1e12) if gpu else ("GB/s", 1e9)
+    header = ["suite", "case", "provider", "time", f"{unit} (logical)", "TFLOP/s", "time / baseline",
+              "% of copy BW" if gpu else "peak extra MB", "max |diff| vs attn_ref"]
+    rows = []
+    for case in result["cases"]:
+        for name, p in case["providers"].items():
+            if "error" in p:
+                rows.append([case["suite"], case["label"], name, "-", "-", "-", "-", "-", p["error"][:60]])
+                continue
+            last = p.get("pct_of_copy_bandwidth") if gpu else p.get("peak_extra_bytes")
+            last = "-" if last is None else (f"{last:.1f}" if gpu else f"{last / 1e6:.1f}")
+            diff, ratio = p.get("max_abs_diff_vs_attn_ref"), p.get("time_ratio_vs_baseline")
+            rows.append([
+                case["suite"], case["label"], name, _duration(p["time_s"]), f"{p['bytes_per_s'] / scale:.3g}",
+                f"{p['flop_per_s'] / 1e12:.3g}", "-" if ratio is None else f"{ratio:.2f}", last,
+                "-" if diff is None else f"{diff:.2e}",
+            ])
+    return header, rows
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def text_table(result: dict) -> str:
+    header, rows = table_rows(result)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += [f"target: {t['name']}: {t['value']:.4g} -> {'met' if t['met'] else 'NOT met'}"
+              for t in result["targets"]]
+    return "\n".join(lines)
+
+
+def provenance(result: dict) -> str:
+    """One line: machine, date, versions, command (printed on every figure and table)."""
+    v = result["versions"]
+    return (f"{result['machine']['summary']} | {result['date']} | torch {v['torch']}, "
+            f"triton {v.get('triton', '-')}, attn_ref {v['attn_ref_git']} | {result['command']}")
+
+
+def markdown(result: dict) -> str:
+    header, rows = table_rows(result)
+    load = result["load"]
+    lines = [
+        f"Machine: {result['machine']['summary']}. Date: {result['date']}. "
+        f"Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".",
+        "",
+        f"Command: `{result['command']}`. Load average (1, 5, 15 min) at start "
+        f"{load['loadavg_1_5_15_start']}, at end {load.get('loadavg_1_5_15_end')}.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+        *(f"- {t['name']}: {t['value']:.4g}, **{'met' if t['met'] else 'not met'}**" for t in result["targets"]),
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Entry point: ``python -m benchmarks.run [--quick] [--device cpu|cuda] [--out DIR]``.
+
+Measures one device's suites, prints the table and writes, under ``DIR`` (default
+``benchmarks/results/``): ``<device>.json``, ``<device>.md`` and ``<device>_<suite>.png``.
+
+* ``--device cpu`` (default without CUDA): :mod:`benchmarks.cpu`. Full mode takes a few minutes on
+  2 cores; ``--quick`` uses small shapes and runs in seconds (the test suite's check of the harness).
+* ``--device cuda``: :mod:`benchmarks.gpu`. Refuses to run under the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from . import plots, record
+
+DEFAULT_OUT = Path(__file__).with_name("results")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--quick", action="store_true", help="small shapes, few repetitions")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    return parser.parse_args(argv)
+
+
+def measure(device: str, quick: bool) -> dict:
+    """Run one device's suites; returns the result document (see :mod:`benchmarks.record`)."""
+    if device == "cuda":
+        from . import gpu
+
+        result = record.metadata("cuda", {"quick": quick, "timing": gpu.TIMING})
+        result["ceilings"] = gpu.ceilings()
+        result["cases"] = gpu.run(quick, result["ceilings"])
+        result["targets"] = gpu.targets(result["cases"])
+    else:
+        from . import cpu
+
+        result = record.metadata("cpu", {"quick": quick, "timing": cpu.TIMING, "memory": cpu.MEMORY})
+        result["cases"] = cpu.run(quick)
+        result["targets"] = cpu.targets(result["cases"])
+    record.finish(result)
+    return result
+
+
+def write(result: dict, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = result["device"]
+    json_path, md_path = out_dir / f"{device}.json", out_dir / f"{device}.md"
+    record.write_json(result, json_path)
+    md_path.write_text(record.markdown(result))
+    return [json_path, md_path, *plots.plot_all(result, out_dir)]
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device (interpreter timings are not benchmarks)")
+    result = measure(args.device, args.quick)
+    print(record.text_table(result))
+    print(record.provenance(result))
+    for path in write(result, args.out):
+        print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""MkDocs hook: include a Python function or class from the real source by name.
+
+A line of the form::
+
+    {{ source("attn_ref/attention.py", "attention_with_lse") }}
+
+(alone on its line, any indentation) becomes a fenced code block whose body is a
+``pymdownx.snippets`` line-range include of that definition (decorators included), numbered with
+the file's own line numbers and titled with the path::
+
+    ```python title="attn_ref/attention.py" linenums="31"
+    --8<-- "attn_ref/attention.py:31:88"
+    ```
+
+The line range is found with :mod:`ast` at every build, so the page always shows the current code;
+a definition that no longer exists fails the build. A dotted name (``"KVCacheCall.paged"``) reaches
+into a class.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+DIRECTIVE = re.compile(r'^(?P<indent>[ \t]*)\{\{ source\("(?P<path>[^"]+)", "(?P<name>[^"]+)"\) \}\}[ \t]*$', re.M)
+
+
+def definition_lines(path: Path, qualname: str) -> tuple[int, int]:
+    """First and last line (1-based, decorators included) of the definition ``qualname`` in ``path``."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    node = None
+    for part in qualname.split("."):
+        node = next(
+            (n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part),
+            None,
+        )
+        if node is None:
+            raise PluginError(f"source include: {path} has no definition {qualname!r}")
+        body = node.body
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return start, node.end_lineno
+
+
+def _code_block(match: re.Match, root: Path) -> str:
+    indent, rel, name = match["indent"], match["path"], match["name"]
+    path = root / rel
+    if not path.is_file():
+        raise PluginError(f"source include: no file {rel}")
+    start, end = definition_lines(path, name)
+    lines = [
+        f'```python title="{rel}" linenums="{start}"',
+        f'--8<-- "{rel}:{start}:{end}"',
+        "```",
+    ]
+    return "\n".join(indent + line for line in lines)
+
+
+def on_page_markdown(markdown, page, config, files):
+    root = Path(config["config_file_path"]).parent
+    return DIRECTIVE.sub(lambda m: _code_block(m, root), markdown)

@@ -1,0 +1,291 @@
+"""Draw the concept diagrams of the docs site into ``docs/figures/*.svg``.
+
+Run ``.venv/bin/python scripts/doc_figures.py`` after changing a figure; the SVGs are committed.
+Masks are drawn from :func:`attn_ref.visible_keys` and split ranges from :func:`attn_ref.split_bounds`,
+so those figures show what the code does. Output is deterministic (fixed SVG ids, no date), and text
+stays text (``svg.fonttype = none``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("svg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from attn_ref import split_bounds, visible_keys  # noqa: E402
+
+OUT = ROOT / "docs" / "figures"
+RANK = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+EMPTY, PAD, INK, SEEN = "#F1F1F1", "#C9C9C9", "#333333", "#4C72B0"
+
+plt.rcParams.update({
+    "svg.fonttype": "none", "svg.hashsalt": "attn-ref", "font.family": "sans-serif", "font.size": 10,
+    "text.color": INK, "axes.edgecolor": INK, "axes.labelcolor": INK, "xtick.color": INK, "ytick.color": INK,
+})
+
+
+def canvas(width: float, height: float, xlim: tuple[float, float], ylim: tuple[float, float]):
+    """A figure with one frameless axis in data units, y growing downwards (rows read top to bottom)."""
+    fig, ax = plt.subplots(figsize=(width, height))
+    ax.set_xlim(*xlim)
+    ax.set_ylim(ylim[1], ylim[0])
+    ax.set_aspect("equal")
+    ax.axis("off")
+    return fig, ax
+
+
+def cell(ax, x, y, color, text="", w=1.0, h=1.0, text_color="white", size=9, hatch=None):
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="white", linewidth=1.2, hatch=hatch))
+    if text != "":
+        ax.text(x + w / 2, y + h / 2, str(text), ha="center", va="center", color=text_color, fontsize=size)
+
+
+def arrow(ax, start, end, color=INK, style="-|>", rad=0.0, lw=1.2):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=12, color=color, lw=lw,
+                                 connectionstyle=f"arc3,rad={rad}"))
+
+
+def save(fig, name: str) -> None:
+    fig.savefig(OUT / name, format="svg", bbox_inches="tight", pad_inches=0.05, metadata={"Date": None})
+    plt.close(fig)
+
+
+def kv_cache() -> None:
+    """Three cache rows: left padding, old tokens, appended tokens, free capacity."""
+    capacity = 16
+    rows = [("sequence 0: prefill chunk", 0, 4, 3), ("sequence 1: decode", 3, 9, 1), ("sequence 2: decode", 0, 13, 1)]
+    fig, ax = canvas(10, 4.2, (-7.5, capacity + 0.5), (-1.0, 3 * 1.6 + 2.2))
+    for p in range(capacity):
+        ax.text(p + 0.5, -0.35, str(p), ha="center", fontsize=8, color="#777777")
+    ax.text(-7.4, -0.35, "cache position p", fontsize=8, color="#777777")
+    for r, (label, leftpad, seqlen, new) in enumerate(rows):
+        y = r * 1.6
+        ax.text(-7.4, y + 0.5, f"row {r}: {label}", va="center", fontsize=9)
+        for p in range(capacity):
+            if p < leftpad:
+                cell(ax, p, y, PAD, hatch="///")
+            elif p < seqlen:
+                cell(ax, p, y, RANK[0], "k,v")
+            elif p < seqlen + new:
+                cell(ax, p, y, RANK[1], "new")
+            else:
+                cell(ax, p, y, EMPTY)
+        arrow(ax, (seqlen, y + 1.45), (seqlen, y + 1.02))
+        ax.text(seqlen + 0.1, y + 1.42, f"cache_seqlens = {seqlen}", fontsize=8, va="center")
+    legend = [(PAD, "///", "left padding (cache_leftpad), never attended"), (RANK[0], None, "old tokens"),
+              (RANK[1], None, "new k, v: written here, then attended"), (EMPTY, None, "free capacity")]
+    for n, (color, hatch, text) in enumerate(legend):
+        x, y = -7.4 + (n % 2) * 11.5, 3 * 1.6 + 0.3 + (n // 2) * 0.9
+        cell(ax, x, y, color, w=0.6, h=0.6, hatch=hatch)
+        ax.text(x + 0.9, y + 0.3, text, va="center", fontsize=8)
+    save(fig, "kv_cache.svg")
+
+
+def paged() -> None:
+    """Logical positions of two sequences -> page table -> pages anywhere in one pool."""
+    P, tables = 4, [[5, 1, 6], [2, 7]]
+    lengths = [11, 6]
+    fig, ax = canvas(10, 4.4, (-0.5, 26.5), (-1.8, 9.5))
+    ax.text(0, -1.2, "logical view (what attention reads)", fontsize=9, weight="bold")
+    ax.text(14.2, -1.2, "page_table", fontsize=9, weight="bold")
+    ax.text(19, -1.2, "k_cache: (num_pages = 8, P = 4, h_k, d)", fontsize=9, weight="bold")
+    for s, (table, n) in enumerate(zip(tables, lengths)):
+        y = s * 2.2
+        ax.text(0, y - 0.2, f"sequence {s}: {n} tokens", fontsize=8)
+        for p in range(len(table) * P):
+            x = p + (p // P) * 0.25
+            cell(ax, x, y, RANK[s] if p < n else EMPTY, p if p < n else "", text_color="white", size=7)
+        for i, page in enumerate(table):
+            cell(ax, 14.2 + i * 1.1, y, "#FFFFFF", page, text_color=INK)
+            ax.add_patch(Rectangle((14.2 + i * 1.1, y), 1, 1, fill=False, edgecolor=INK, lw=0.8))
+    for page in range(8):
+        y = page * 1.15 - 0.5
+        ax.text(23.2, y + 0.5, f"page {page}", va="center", fontsize=8)
+        owner = [(s, i) for s, table in enumerate(tables) for i, t in enumerate(table) if t == page]
+        for slot in range(P):
+            if owner:
+                s, i = owner[0]
+                p = i * P + slot
+                cell(ax, 19 + slot, y, RANK[s] if p < lengths[s] else EMPTY, p if p < lengths[s] else "",
+                     size=7)
+            else:
+                cell(ax, 19 + slot, y, EMPTY)
+    for s, table in enumerate(tables):
+        for i, page in enumerate(table):
+            arrow(ax, (14.7 + i * 1.1, s * 2.2 + 1.0), (19, page * 1.15), color=RANK[s], rad=-0.15, lw=0.9)
+    ax.text(0, 5.3, "position p of row r lives at  k_cache[page_table[r, p // P], p % P]", fontsize=9,
+            family="monospace")
+    ax.text(0, 6.3, "pages can be anywhere, in any order; unused table entries are never read", fontsize=8,
+            color="#666666")
+    save(fig, "paged.svg")
+
+
+def gqa() -> None:
+    """Eight query heads sharing two KV heads (group size 4)."""
+    fig, ax = canvas(7, 2.6, (-2.2, 12), (-0.2, 4.6))
+    for h in range(8):
+        x = h * 1.3 + (0.8 if h >= 4 else 0)
+        cell(ax, x, 0, RANK[h // 4], f"q{h}")
+        arrow(ax, (x + 0.5, 1.0), (1.95 + (h // 4) * 5.8, 3.0), color=RANK[h // 4], lw=0.9)
+    for g in range(2):
+        cell(ax, 1.2 + g * 5.8, 3.0, RANK[g], f"k{g}, v{g}", w=1.6)
+    ax.text(-2.1, 0.5, "query heads\nh = 8", va="center", fontsize=8)
+    ax.text(-2.1, 3.5, "KV heads\nh_k = 2", va="center", fontsize=8)
+    ax.text(4.6, 4.4, "query head h reads KV head h // (h / h_k)", ha="center", fontsize=9, family="monospace")
+    save(fig, "gqa.svg")
+
+
+MASK_PANELS = [
+    ("causal, sq = sk = 6", dict(seqlen_q=6, seqlen_k=6, causal=True)),
+    ("causal, sq = 2, sk = 5", dict(seqlen_q=2, seqlen_k=5, causal=True)),
+    ("causal, sq = 5, sk = 2", dict(seqlen_q=5, seqlen_k=2, causal=True)),
+    ("window (2, 1), sq = 4, sk = 8", dict(seqlen_q=4, seqlen_k=8, window_size=(2, 1))),
+    ("causal + window (2, 0), sq = 4, sk = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, window_size=(2, 0))),
+    ("chunk 3, causal, sq = 4, sk = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, attention_chunk=3)),
+]
+
+
+def masks() -> None:
+    """Visibility matrices from attn_ref.visible_keys, the diagonal i + Δ outlined."""
+    fig, axes = plt.subplots(2, 3, figsize=(10, 4.6))
+    for ax, (title, kwargs) in zip(axes.flat, MASK_PANELS):
+        sq, sk = kwargs["seqlen_q"], kwargs["seqlen_k"]
+        visible = visible_keys(**kwargs)
+        ax.set_xlim(0, 8)
+        ax.set_ylim(6, -0.9)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.set_title(title, fontsize=9)
+        for i in range(sq):
+            ax.text(-0.2, i + 0.5, f"i={i}", ha="right", va="center", fontsize=7, color="#777777")
+            for j in range(sk):
+                cell(ax, j, i, SEEN if visible[i, j] else EMPTY, "1" if visible[i, j] else "0",
+                     text_color="white" if visible[i, j] else "#999999", size=7)
+            diag = i + sk - sq
+            if 0 <= diag < sk:
+                ax.add_patch(Rectangle((diag, i), 1, 1, fill=False, edgecolor=RANK[1], lw=2))
+        for j in range(sk):
+            ax.text(j + 0.5, -0.3, f"{j}", ha="center", fontsize=7, color="#777777")
+    fig.text(0.5, 0.01, "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = sk - sq "
+             "(the query's own position, bottom-right aligned)", ha="center", fontsize=8)
+    save(fig, "masks.svg")
+
+
+def split_kv() -> None:
+    """Keys cut by split_bounds into ranges, each gives (o_s, lse_s), merged with ⊕."""
+    sk, n = 10, 3
+    fig, ax = canvas(8.5, 3.2, (-2.5, 14.5), (-1.2, 5.8))
+    ax.text(-2.4, 0.5, "keys of one\nsequence", va="center", fontsize=8)
+    for s, (k0, k1) in enumerate(split_bounds(sk, n)):
+        for j in range(k0, k1):
+            cell(ax, j + s * 0.4, 0, RANK[s], j, size=8)
+        mid = (k0 + k1) / 2 + s * 0.4
+        ax.text(mid, -0.45, f"split {s}: [{k0}, {k1})", ha="center", fontsize=8)
+        arrow(ax, (mid, 1.05), (mid, 2.2), color=RANK[s])
+        cell(ax, mid - 1.2, 2.2, RANK[s], f"(o{s}, lse{s})", w=2.4, size=8)
+        arrow(ax, (mid, 3.25), (5.3, 4.25), color=RANK[s])
+    cell(ax, 4.3, 4.25, INK, "⊕  →  (o, lse)", w=4.0, size=9)
+    ax.text(11.9, 2.7, "lse = log Σ_s e^{lse_s}\no = Σ_s e^{lse_s − lse} o_s", fontsize=8, family="monospace",
+            va="center")
+    save(fig, "split_kv.svg")
+
+
+def ulysses() -> None:
+    """Token x head ownership before and after the Ulysses all-to-all (P = 4)."""
+    P, S, H = 4, 8, 4
+    fig, ax = canvas(8.5, 3.6, (-1.5, 2 * H + 5), (-1.4, S + 0.4))
+    for panel, title in enumerate(["before: rank r holds tokens\nblock r, all heads", "after all-to-all: rank r holds\nall tokens, heads block r"]):
+        x0 = panel * (H + 4.5)
+        ax.text(x0 + H / 2, -0.6, title, ha="center", fontsize=8)
+        for t in range(S):
+            for h in range(H):
+                owner = t // (S // P) if panel == 0 else h // (H // P)
+                cell(ax, x0 + h, t, RANK[owner], f"r{owner}", size=7)
+        for h in range(H):
+            ax.text(x0 + h + 0.5, S + 0.35, f"h{h}", ha="center", fontsize=7, color="#777777")
+    ax.text(-0.3, S / 2, "tokens", rotation=90, va="center", ha="right", fontsize=8)
+    arrow(ax, (H + 0.6, S / 2), (H + 3.9, S / 2))
+    ax.text(H + 2.25, S / 2 - 0.5, "all-to-all", ha="center", fontsize=8)
+    save(fig, "ulysses.svg")
+
+
+def ring_and_zigzag() -> None:
+    """Causal work per rank, in chunk pairs (S cut into 2P chunks): plain ring vs zigzag, P = 4."""
+    P = 4
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    plain = [[i // 2 if j <= i else None for j in range(2 * P)] for i in range(2 * P)]
+    owner = [c if c < P else 2 * P - 1 - c for c in range(2 * P)]
+    zig = [[owner[i] if j <= i else None for j in range(2 * P)] for i in range(2 * P)]
+    for ax, grid, title in [(axes[0], plain, "plain ring: rank r owns chunks 2r and 2r+1"),
+                            (axes[1], zig, "zigzag: rank r owns chunks r and 2P-1-r")]:
+        n = len(grid)
+        ax.set_xlim(-0.2, n)
+        ax.set_ylim(n + 1.0, -1.1)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        for i in range(n):
+            for j in range(n):
+                r = grid[i][j]
+                cell(ax, j, i, EMPTY if r is None else RANK[r], "" if r is None else f"r{r}", size=7)
+        ax.set_title(title, fontsize=9)
+        ax.text(n / 2, -0.4, "key chunk", ha="center", fontsize=8)
+        ax.text(-0.3, n / 2, "query chunk", rotation=90, va="center", ha="right", fontsize=8)
+        work = [sum(row.count(r) for row in grid) for r in range(P)]
+        ax.text(n / 2, n + 0.05, "chunk pairs computed: " + ", ".join(f"r{r}: {w}" for r, w in enumerate(work)),
+                ha="center", va="top", fontsize=8)
+    save(fig, "ring_zigzag.svg")
+
+
+def usp() -> None:
+    """USP with U = 2, R = 2: Ulysses groups are contiguous ranks, ring groups are strided."""
+    fig, ax = canvas(5.5, 3.4, (-2.6, 6.6), (-1.6, 4.6))
+    for rank in range(4):
+        g, u = divmod(rank, 2)
+        x, y = u * 3.2, g * 2.4
+        cell(ax, x, y, RANK[rank], f"rank {rank}\nseq block {g}\nheads {u}", w=2.2, h=1.5, size=8)
+    for g in range(2):
+        ax.add_patch(Rectangle((-0.2, g * 2.4 - 0.2), 5.8, 1.9, fill=False, edgecolor=INK, lw=1, ls="--"))
+        ax.text(-0.35, g * 2.4 + 0.75, f"Ulysses\ngroup {g}", ha="right", va="center", fontsize=8)
+    for u in range(2):
+        arrow(ax, (u * 3.2 + 1.1, 1.55), (u * 3.2 + 1.1, 2.35), style="<|-|>", color=INK)
+        ax.text(u * 3.2 + 1.25, 1.95, f"ring {u}", va="center", fontsize=8)
+    ax.text(2.7, -0.8, "all-to-all inside a row, K/V rotate inside a column", ha="center", fontsize=8)
+    save(fig, "usp.svg")
+
+
+def comm_volume() -> None:
+    """Elements each rank receives per layer, in units of S·D, for H = 32, H_k = 8."""
+    H, Hk = 32, 8
+    degrees = [2, 4, 8, 16, 32]
+    ulysses = [(p - 1) / p / p * (2 * H + 2 * Hk) for p in degrees]
+    gather = [2 * (p - 1) / p * Hk for p in degrees]
+    usp = [(2 - 1) / 2 / p * (2 * H + 2 * Hk) + (p // 2 - 1) / (p // 2) * 2 * Hk / 2 for p in degrees]
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    ax.plot(degrees, ulysses, "o-", color=RANK[0], label="Ulysses (4 all-to-alls)")
+    ax.plot(degrees, gather, "s-", color=RANK[1], label="ring = K/V gather (K and V of the other ranks)")
+    ax.plot(degrees, usp, "^-", color=RANK[2], label="USP with U = 2, R = P / 2")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(degrees, [str(p) for p in degrees])
+    ax.set_xlabel("sequence-parallel degree P")
+    ax.set_ylabel("received per rank  [S · D elements]")
+    ax.set_title("per-layer communication, H = 32 query heads, H_k = 8 KV heads", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(fontsize=8, frameon=False)
+    save(fig, "comm_volume.svg")
+
+
+FIGURES = [kv_cache, paged, gqa, masks, split_kv, ulysses, ring_and_zigzag, usp, comm_volume]
+
+if __name__ == "__main__":
+    OUT.mkdir(parents=True, exist_ok=True)
+    for draw in FIGURES:
+        draw()
+        print(f"wrote docs/figures/{draw.__name__}")

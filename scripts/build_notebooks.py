@@ -71,10 +71,30 @@ def execute(nb: nbformat.NotebookNode) -> float:
     return time.perf_counter() - start
 
 
+def coalesce_streams(nb: nbformat.NotebookNode) -> None:
+    """Join consecutive stdout (or stderr) outputs of a cell into one, so rebuilds diff cleanly.
+
+    How a cell's prints are chunked into outputs depends on timing; the joined text does not.
+    """
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        joined = []
+        for output in cell.outputs:
+            previous = joined[-1] if joined else None
+            if (output.output_type == "stream" and previous is not None
+                    and previous.output_type == "stream" and previous.name == output.name):
+                previous.text += output.text
+            else:
+                joined.append(output)
+        cell.outputs = joined
+
+
 def build(source: Path) -> float:
     """Execute the tutorial ``source`` and store its notebook; returns the execution time."""
     nb = load_source(source)
     seconds = execute(nb)
+    coalesce_streams(nb)
     NOTEBOOK_DIR.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, notebook_path(source))
     return seconds

@@ -1,5 +1,22 @@
-"""kernels: Triton GPU kernels with the same public API and errors as :mod:`attn_ref`.
+"""kernels: Triton kernels with the same public API, errors and results as :mod:`attn_ref`.
 
-Work in progress: the split-KV / paged / GQA ``flash_attn_with_kvcache`` kernels land here next.
-On a CPU they run through Triton's interpreter (``TRITON_INTERPRET=1``, set before import).
+* :func:`flash_attn_with_kvcache` - sglang's FA3 KV-cache attention (append with rotary, paged or
+  contiguous caches, GQA packed into the M tile, masks, softcap, qv, sinks, varlen q, fp8 descale,
+  split-KV with an LSE combine). Swap ``attn_ref.flash_attn_with_kvcache`` for it: same signature,
+  same validation (it calls :func:`attn_ref.check_kvcache_args`), same return values. The one
+  intended difference: ``num_splits=0`` picks a split count by a heuristic (:mod:`kernels.splits`)
+  where the reference uses 1.
+* :func:`merge_attention_states` / :func:`combine_attention_states` - the LSE ⊕ of two / ``n``
+  attention states (split-KV combine, ring attention), like :func:`attn_ref.merge_attention_states`.
+
+Modules mirror the reference: :mod:`kernels.kvcache` (the launcher), :mod:`kernels.append`,
+:mod:`kernels.attention`, :mod:`kernels.merge`, :mod:`kernels.paged`, :mod:`kernels.rotary`,
+:mod:`kernels.splits`. On a CPU they run through Triton's interpreter (``TRITON_INTERPRET=1``, set
+before import; bf16 is computed in fp32 there, see :mod:`kernels.launch`). Performance has been
+designed for Hopper (H100/H200) but is only as measured in ``benchmarks/results/``.
 """
+
+from .kvcache import flash_attn_with_kvcache
+from .merge import combine_attention_states, merge_attention_states
+
+__all__ = ["combine_attention_states", "flash_attn_with_kvcache", "merge_attention_states"]

@@ -1,0 +1,126 @@
+"""KV append: write the new keys (rotated) and values into the cache, in place.
+
+For batch entry ``i`` with ``N_i`` new tokens starting at absolute cache position ``C_i``
+(``cache_seqlens[i]``), and ``t in [0, N_i)``::
+
+    K_cache(row_i, C_i + t) = rot(k_new_i[t], P0_i + t)      (rot = identity without rotary tables)
+    V_cache(row_i, C_i + t) = v_new_i[t]
+
+``k_new_i[t]`` is ``k[i, t]`` or, packed with ``cu_seqlens_k_new``, ``k[new_start_i + t]``; ``P0_i`` is
+``rotary_seqlens[i]`` or ``C_i``. Positions go through :func:`kernels.paged.token_offsets`, so one
+kernel serves contiguous and paged caches. Without rotary the values are copied bit for bit (no
+conversion); with rotary the rotation runs in fp32 and is rounded once into the cache dtype.
+
+Grid: ``(cdiv(max N_i, BLOCK_T), b, h_k)``; a program moves ``BLOCK_T`` tokens of one KV head.
+Mirrors :func:`attn_ref.kvcache.append_kv` with :mod:`attn_ref.paged` and :mod:`attn_ref.rotary`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from attn_ref.validation import KVCacheCall
+
+from .launch import Launch, next_power_of_2, rounds_bf16
+from .numerics import store_as
+from .paged import token_offsets
+from .rotary import load_rotated
+
+
+@triton.jit
+def _append_kv_kernel(
+    k_ptr,  # (b, s_new, h_k, d) or (total_new, h_k, d): new keys
+    v_ptr,  # (b, s_new, h_k, dv) or (total_new, h_k, dv): new values
+    k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
+    v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
+    page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
+    cos_ptr,  # (seqlen_rotary, ROTARY_DIM / 2) (ROTARY_DIM > 0 only)
+    sin_ptr,  # (seqlen_rotary, ROTARY_DIM / 2)
+    new_lens_ptr,  # (b,) int32: N_i
+    new_starts_ptr,  # (b,) int32: first row of entry i in packed k/v (0 when batched)
+    cache_rows_ptr,  # (b,) int32: cache row / page-table row of entry i
+    cache_seqlens_ptr,  # (b,) int32: C_i, where the new tokens start
+    rotary_starts_ptr,  # (b,) int32: P0_i
+    stride_kb, stride_kt, stride_kh,  # k strides (stride_kb = 0 when packed)
+    stride_vb, stride_vt, stride_vh,
+    stride_kc_major, stride_kc_minor, stride_kc_h,  # k_cache strides 0, 1, 2
+    stride_vc_major, stride_vc_minor, stride_vc_h,
+    stride_table,  # page_table.stride(0)
+    stride_rotary,  # cos.stride(0)
+    D: tl.constexpr, DV: tl.constexpr,  # head dims
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    ROTARY_DIM: tl.constexpr,  # 0: no rotary
+    INTERLEAVED: tl.constexpr,
+    ROUND_BF16: tl.constexpr,  # interpreter + bf16 cache: round rotated keys explicitly
+):
+    pid_t, batch, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n_new = tl.load(new_lens_ptr + batch)
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,) new-token index t
+    token_ok = offs_t < n_new  # (BLOCK_T,)
+    if pid_t * BLOCK_T < n_new:
+        new_row = (tl.load(new_starts_ptr + batch) + offs_t).to(tl.int64)  # (BLOCK_T,) row in k/v
+        cache_row = tl.load(cache_rows_ptr + batch)
+        positions = tl.load(cache_seqlens_ptr + batch) + offs_t  # (BLOCK_T,) C_i + t
+        slots = token_offsets(positions, token_ok, cache_row, page_table_ptr, stride_table,
+                              stride_kc_major, stride_kc_minor, PAGE_SIZE, PAGED)  # (BLOCK_T,) int64
+        v_slots = token_offsets(positions, token_ok, cache_row, page_table_ptr, stride_table,
+                                stride_vc_major, stride_vc_minor, PAGE_SIZE, PAGED)  # (BLOCK_T,) int64
+        batch64, head64 = batch.to(tl.int64), head.to(tl.int64)
+
+        # ---- keys: rotate (fp32, rounded once) or copy --------------------------------------
+        offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+        k_mask = token_ok[:, None] & (offs_d[None, :] < D)  # (BLOCK_T, BLOCK_D)
+        k_rows = k_ptr + batch64 * stride_kb + new_row[:, None] * stride_kt + head64 * stride_kh  # (BLOCK_T, 1)
+        k_dst = k_cache_ptr + slots[:, None] + head64 * stride_kc_h + offs_d[None, :]  # (BLOCK_T, BLOCK_D)
+        if ROTARY_DIM > 0:
+            ro_positions = tl.load(rotary_starts_ptr + batch) + offs_t  # (BLOCK_T,) P0_i + t
+            k_new = load_rotated(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
+                                 ROTARY_DIM, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
+            store_as(k_dst, k_new, k_mask, ROUND_BF16)
+        else:
+            tl.store(k_dst, tl.load(k_rows + offs_d[None, :], mask=k_mask), mask=k_mask)
+
+        # ---- values: copied as they are ------------------------------------------------------
+        offs_dv = tl.arange(0, BLOCK_DV)  # (BLOCK_DV,)
+        v_mask = token_ok[:, None] & (offs_dv[None, :] < DV)  # (BLOCK_T, BLOCK_DV)
+        v_src = v_ptr + batch64 * stride_vb + new_row[:, None] * stride_vt + head64 * stride_vh + offs_dv[None, :]
+        v_dst = v_cache_ptr + v_slots[:, None] + head64 * stride_vc_h + offs_dv[None, :]  # (BLOCK_T, BLOCK_DV)
+        tl.store(v_dst, tl.load(v_src, mask=v_mask), mask=v_mask)
+
+
+def plan_append(call: KVCacheCall, meta: dict) -> Launch | None:
+    """The append launch for a validated call (None when there is nothing to append).
+
+    ``meta`` holds the per-batch int32 tensors built by :func:`kernels.kvcache.batch_metadata`.
+    """
+    if call.k is None or sum(call.new_lens) == 0:
+        return None
+    k, v, kc, vc = call.k, call.v, call.k_cache, call.v_cache
+    packed = k.dim() == 3  # (total_new, h_k, dim) with cu_seqlens_k_new
+    k_strides = (0, *k.stride()[:2]) if packed else k.stride()[:3]
+    v_strides = (0, *v.stride()[:2]) if packed else v.stride()[:3]
+    block_t = 16 if call.head_dim > 128 else 32
+    rotary = call.rotary_cos is not None
+    args = dict(
+        k_ptr=k, v_ptr=v, k_cache_ptr=kc, v_cache_ptr=vc, page_table_ptr=call.page_table,
+        cos_ptr=call.rotary_cos, sin_ptr=call.rotary_sin,
+        new_lens_ptr=meta["new_lens"], new_starts_ptr=meta["new_starts"], cache_rows_ptr=meta["cache_rows"],
+        cache_seqlens_ptr=meta["cache_seqlens"], rotary_starts_ptr=meta["rotary_starts"],
+        stride_kb=k_strides[0], stride_kt=k_strides[1], stride_kh=k_strides[2],
+        stride_vb=v_strides[0], stride_vt=v_strides[1], stride_vh=v_strides[2],
+        stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
+        stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
+        stride_table=call.page_table.stride(0) if call.paged else 0,
+        stride_rotary=call.rotary_cos.stride(0) if rotary else 0,
+    )
+    constexprs = dict(
+        D=call.head_dim, DV=call.head_dim_v, BLOCK_T=block_t,
+        BLOCK_D=next_power_of_2(call.head_dim), BLOCK_DV=next_power_of_2(call.head_dim_v),
+        PAGE_SIZE=max(call.page_size, 1), PAGED=call.paged, ROTARY_DIM=call.rotary_dim,
+        INTERLEAVED=call.rotary_interleaved, ROUND_BF16=rounds_bf16(kc.dtype),
+    )
+    grid = (triton.cdiv(max(call.new_lens), block_t), call.batch_size, call.num_heads_k)
+    return Launch(_append_kv_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
+                  dummy_device=kc.device)

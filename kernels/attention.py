@@ -1,0 +1,365 @@
+"""The attention forward kernel: decode (sq = 1) and chunked prefill (sq > 1), split-KV, pack-GQA.
+
+For batch entry ``b``, query row ``i`` and query head ``h`` (KV head ``g = h // G``, ``G = h / h_k``),
+over the valid keys ``j in [0, Sk_b)`` at cache positions ``L_b + j`` (:mod:`attn_ref.attention`)::
+
+    s_ij  = q_i · K_j  (+ qv_i · V_j)        or  qv_i · V_j  alone when ONLY_QV
+    ℓ_ij  = scale · s_ij,  or  softcap · tanh(scale · s_ij / softcap)       (before masking)
+    ℓ_ij  = -inf where key j is not visible to row i (bottom-right causal / window / chunk)
+    lse_i = log(Σ_j e^{ℓ_ij} (+ e^{σ_h}))    out_i = Σ_j e^{ℓ_ij - lse_i} V_j
+
+``scale`` includes ``q_descale · k_descale`` for fp8, whose output is multiplied by ``v_descale``.
+
+**Tiling.** One program owns one KV head of one batch entry and ``ROWS = BLOCK_M // G`` query rows;
+its M tile packs the ``G`` query heads that share the KV head (pack-GQA), tile entry ``m`` being
+row ``m // G``, head ``g·G + m % G``. K/V blocks of ``BLOCK_N`` keys are therefore read once for all
+``G`` heads. Grid: ``(cdiv(max Sq_b, ROWS), b · h_k, num_splits)``.
+
+**Online softmax** in fp32 and base 2: logits are kept as ``t = ℓ · log2(e)``, with a running max
+``m``, sum ``l = Σ 2^{t - m}`` and ``acc = Σ 2^{t - m} V``. A block rescales by ``2^{m_old - m_new}``;
+while a row has seen no visible key its max is ``-inf`` and the shift used is 0, so nothing becomes
+NaN. At the end ``out = acc / l`` (0 when ``l = 0``) and ``lse = ln 2 · (m + log2 l)`` (``-inf`` when
+``l = 0``): the natural-log LSE of the reference. A sink ``σ_h`` (split 0 only) adds ``2^{σ_h log2 e - m}``
+to ``l`` before that.
+
+**Split-KV.** Program ``s`` of the third grid axis covers keys ``[k0, k1)`` of
+:func:`attn_ref.splits.split_bounds` (``ceil(Sk_b / n)`` keys each), so its partial state is exactly
+the reference's split ``s``. With ``n = 1`` it writes the final ``out`` (in the output dtype) and
+``lse``; with ``n > 1`` it writes fp32 partials that :mod:`kernels.merge` combines. The launcher
+decides which by the pointers and strides it passes; the kernel does not know.
+
+**Block skipping.** Of the key range ``[k0, k1)`` only ``[lo, hi)``, the keys some row of the tile can
+see, is visited. Inside it, ``[full_lo, full_hi)`` holds the keys every row sees: those blocks run
+without any mask (``MASKED=False``); the blocks before and after run masked. So a causal prefill
+masks only the diagonal blocks and a decode step masks only its last, partial block.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import Launch, compute_dtype, dot_precision, next_power_of_2, rounds_bf16
+from .numerics import store_as, tanh
+from .paged import token_offsets
+from .rotary import load_rotated
+from .splits import AttentionTiles
+
+LOG2E: tl.constexpr = 1.4426950408889634
+LN2: tl.constexpr = 0.6931471805599453
+
+
+@triton.jit
+def _chunk_start(x, CHUNK):
+    """``x - (x mod CHUNK)`` with a floor modulo (right for negative ``x`` on every backend)."""
+    r = x % CHUNK
+    return x - tl.where(r < 0, r + CHUNK, r)
+
+
+@triton.jit
+def _attend_key_blocks(
+    acc, m_i, l_i,  # (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32: running state
+    q, qv,  # (BLOCK_M, BLOCK_D), (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE (qv unused without HAS_QV)
+    start, end,  # key range [start, end) to visit, in BLOCK_N steps
+    diag,  # (BLOCK_M,) int32: i + Sk - Sq, the bottom-right diagonal of each row
+    k1,  # int32: end of this split's keys
+    window_left, window_right, chunk,  # mask parameters (used when the matching flag is on)
+    logit_scale,  # fp32: scale · log2(e), or scale / softcap with SOFTCAP
+    softcap_log2,  # fp32: softcap · log2(e) (SOFTCAP only)
+    k_cache_ptr, v_cache_ptr,  # caches at this KV head (+ h·stride_h already added)
+    page_table_ptr, cache_row, leftpad,
+    stride_table, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
+    offs_d, offs_dv,  # (BLOCK_D,), (BLOCK_DV,)
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_CHUNK: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,  # False only for blocks every row of the tile fully sees
+):
+    """Online softmax over the key blocks of ``[start, end)``; returns the updated ``(acc, m_i, l_i)``."""
+    for block_start in range(start, end, BLOCK_N):
+        offs_n = block_start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices j
+        key_ok = offs_n < k1  # (BLOCK_N,)
+        if not MASKED:
+            key_ok = offs_n >= 0  # all true: the block lies inside [k0, k1)
+        positions = leftpad + offs_n  # (BLOCK_N,) cache positions L_b + j
+        k_slots = token_offsets(positions, key_ok, cache_row, page_table_ptr, stride_table,
+                                stride_kc_major, stride_kc_minor, PAGE_SIZE, PAGED)  # (BLOCK_N,) int64
+        v_slots = token_offsets(positions, key_ok, cache_row, page_table_ptr, stride_table,
+                                stride_vc_major, stride_vc_minor, PAGE_SIZE, PAGED)  # (BLOCK_N,) int64
+        v = tl.load(v_cache_ptr + v_slots[:, None] + offs_dv[None, :],
+                    mask=key_ok[:, None] & (offs_dv[None, :] < DV), other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_DV)
+
+        # ---- scores s = q·Kᵀ (+ qv·Vᵀ): (BLOCK_M, BLOCK_N) fp32 ---------------------------------
+        if ONLY_QV:
+            s = tl.dot(qv, tl.trans(v), input_precision=DOT_PRECISION)
+        else:
+            k = tl.load(k_cache_ptr + k_slots[:, None] + offs_d[None, :],
+                        mask=key_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_D)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            if HAS_QV:
+                s += tl.dot(qv, tl.trans(v), input_precision=DOT_PRECISION)
+
+        # ---- logits in base 2, softcap before the mask --------------------------------------
+        if SOFTCAP:
+            t = tanh(s * logit_scale) * softcap_log2
+        else:
+            t = s * logit_scale
+        if MASKED:
+            visible = key_ok[None, :]  # (1, BLOCK_N), broadcast to (BLOCK_M, BLOCK_N) by the row terms
+            if MASK_LEFT:
+                visible &= offs_n[None, :] >= diag[:, None] - window_left
+            if MASK_RIGHT:
+                visible &= offs_n[None, :] <= diag[:, None] + window_right
+            if HAS_CHUNK:
+                chunk_lo = _chunk_start(diag, chunk)  # (BLOCK_M,)
+                visible &= (offs_n[None, :] >= chunk_lo[:, None]) & (offs_n[None, :] < chunk_lo[:, None] + chunk)
+            t = tl.where(visible, t, float("-inf"))
+
+        # ---- online softmax update -------------------------------------------------------------
+        m_new = tl.maximum(m_i, tl.max(t, 1))  # (BLOCK_M,)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp2(m_i - shift)  # (BLOCK_M,)
+        p = tl.exp2(t - shift[:, None])  # (BLOCK_M, BLOCK_N)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE_DTYPE), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr,  # (b, sq, h, d) or (total_q, h, d)
+    qv_ptr,  # (b, sq, h, dv) or (total_q, h, dv) (HAS_QV only)
+    k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
+    v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
+    page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
+    cos_ptr, sin_ptr,  # (seqlen_rotary, ROTARY_DIM / 2) (ROTARY_DIM > 0 only)
+    sinks_ptr,  # (h,) sink logits (HAS_SINKS only)
+    q_descale_ptr, k_descale_ptr, v_descale_ptr,  # (b, h_k) fp32 (HAS_DESCALE only)
+    seqlens_q_ptr, q_starts_ptr, cache_rows_ptr, leftpads_ptr, seqlens_k_ptr, rotary_starts_ptr,  # (b,) int32
+    out_ptr,  # final out (b, sq, h, dv) / (total_q, h, dv), or fp32 partials (n, b, h, sq, dv) / (n, h, total_q, dv)
+    lse_ptr,  # fp32 (b, h, sq) / (h, total_q), or partials (n, b, h, sq) / (n, h, total_q)
+    stride_qb, stride_qt, stride_qh,  # q (stride_qb = 0 when packed)
+    stride_qvb, stride_qvt, stride_qvh,  # qv
+    stride_kc_major, stride_kc_minor, stride_kc_h,  # k_cache strides 0, 1, 2
+    stride_vc_major, stride_vc_minor, stride_vc_h,
+    stride_table,  # page_table.stride(0)
+    stride_rotary,  # cos.stride(0)
+    stride_descale,  # descale.stride(0)
+    stride_os, stride_ob, stride_oh, stride_ot,  # out: split, batch, head, row (unused axes: 0)
+    stride_ls, stride_lb, stride_lh, stride_lt,  # lse: split, batch, head, row
+    softmax_scale, softcap, window_left, window_right, chunk,
+    num_splits,  # n: split s covers keys [s·ceil(Sk/n), (s+1)·ceil(Sk/n)) ∩ [0, Sk)
+    H_K: tl.constexpr, G: tl.constexpr,  # KV heads, query heads per KV head
+    D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_CHUNK: tl.constexpr,
+    ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_FIXED: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_DESCALE: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    ROWS: tl.constexpr = BLOCK_M // G  # query rows per tile
+    pid_m, pid_bh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    batch, kv_head = pid_bh // H_K, pid_bh % H_K
+    seqlen_q = tl.load(seqlens_q_ptr + batch)
+    if pid_m * ROWS < seqlen_q:
+        q_start = tl.load(q_starts_ptr + batch)
+        cache_row = tl.load(cache_rows_ptr + batch)
+        leftpad = tl.load(leftpads_ptr + batch)
+        seqlen_k = tl.load(seqlens_k_ptr + batch)
+        batch64 = batch.to(tl.int64)
+
+        # ---- the M tile: ROWS query rows x G heads of this KV head ----------------------------
+        offs_m = tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+        rows = pid_m * ROWS + offs_m // G  # (BLOCK_M,) query row i
+        heads = kv_head * G + offs_m % G  # (BLOCK_M,) query head
+        row_ok = (offs_m < ROWS * G) & (rows < seqlen_q)  # (BLOCK_M,)
+        token = (q_start + rows).to(tl.int64)  # (BLOCK_M,) row in the q / out tensors
+        heads64 = heads.to(tl.int64)
+        diag = rows + seqlen_k - seqlen_q  # (BLOCK_M,) i + Δ
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+
+        # ---- load q (rotated in fp32 if needed) and qv ------------------------------------------
+        q = tl.zeros((BLOCK_M, BLOCK_D), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_D)
+        if not ONLY_QV:
+            q_rows = q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads64[:, None] * stride_qh  # (BLOCK_M, 1)
+            q_mask = row_ok[:, None] & (offs_d[None, :] < D)
+            if ROTARY_DIM > 0:
+                ro_start = tl.load(rotary_starts_ptr + batch)
+                if ROTARY_FIXED:
+                    ro_positions = ro_start + 0 * rows  # every row at P0
+                else:
+                    ro_positions = ro_start + rows  # row i at P0 + i
+                q = load_rotated(q_rows, offs_d, q_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
+                                 ROTARY_DIM, INTERLEAVED).to(COMPUTE_DTYPE)
+            else:
+                q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0).to(COMPUTE_DTYPE)
+        qv = tl.zeros((BLOCK_M, BLOCK_DV), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_DV)
+        if HAS_QV:
+            qv_ptrs = (qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt
+                       + heads64[:, None] * stride_qvh + offs_dv[None, :])
+            qv = tl.load(qv_ptrs, mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0).to(COMPUTE_DTYPE)
+
+        # ---- logit scale (fp8: times q_descale · k_descale of this batch entry and KV head) ----
+        scale = softmax_scale
+        if HAS_DESCALE:
+            descale_at = batch64 * stride_descale + kv_head
+            scale = scale * tl.load(q_descale_ptr + descale_at) * tl.load(k_descale_ptr + descale_at)
+        if SOFTCAP:
+            logit_scale = scale / softcap
+        else:
+            logit_scale = scale * LOG2E
+        softcap_log2 = softcap * LOG2E
+
+        # ---- key ranges: this split, the part some row sees, the part every row sees -----------
+        split_len = tl.cdiv(seqlen_k, num_splits)
+        k0 = tl.minimum(split * split_len, seqlen_k)
+        k1 = tl.minimum(k0 + split_len, seqlen_k)
+        first_row = pid_m * ROWS
+        last_row = tl.minimum(first_row + ROWS, seqlen_q) - 1
+        diag_lo = first_row + seqlen_k - seqlen_q
+        diag_hi = last_row + seqlen_k - seqlen_q
+        lo, hi = k0, k1
+        full_lo, full_hi = k0, k1
+        if MASK_LEFT:
+            lo = tl.maximum(lo, diag_lo - window_left)
+            full_lo = tl.maximum(full_lo, diag_hi - window_left)
+        if MASK_RIGHT:
+            hi = tl.minimum(hi, diag_hi + window_right + 1)
+            full_hi = tl.minimum(full_hi, diag_lo + window_right + 1)
+        if HAS_CHUNK:
+            lo = tl.maximum(lo, _chunk_start(diag_lo, chunk))
+            hi = tl.minimum(hi, _chunk_start(diag_hi, chunk) + chunk)
+            full_lo = tl.maximum(full_lo, _chunk_start(diag_hi, chunk))
+            full_hi = tl.minimum(full_hi, _chunk_start(diag_lo, chunk) + chunk)
+        hi = tl.maximum(hi, lo)
+        # Unmasked blocks: whole BLOCK_N blocks, counted from lo, lying inside [full_lo, full_hi).
+        unmasked_start = tl.minimum(lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK_N) * BLOCK_N, hi)
+        unmasked_end = unmasked_start + tl.maximum(full_hi - unmasked_start, 0) // BLOCK_N * BLOCK_N
+
+        # ---- online softmax over [lo, hi): masked head, unmasked middle, masked tail --------------
+        acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
+        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        k_head = k_cache_ptr + kv_head.to(tl.int64) * stride_kc_h
+        v_head = v_cache_ptr + kv_head.to(tl.int64) * stride_vc_h
+        for phase in tl.static_range(3):
+            if phase == 0:
+                start, end = lo, unmasked_start
+            elif phase == 1:
+                start, end = unmasked_start, unmasked_end
+            else:
+                start, end = unmasked_end, hi
+            acc, m_i, l_i = _attend_key_blocks(
+                acc, m_i, l_i, q, qv, start, end, diag, k1, window_left, window_right, chunk,
+                logit_scale, softcap_log2, k_head, v_head, page_table_ptr, cache_row, leftpad,
+                stride_table, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
+                offs_d, offs_dv, D, DV, BLOCK_N, PAGE_SIZE, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
+                MASK_LEFT, MASK_RIGHT, HAS_CHUNK, COMPUTE_DTYPE, DOT_PRECISION,
+                MASKED=phase != 1,
+            )
+
+        # ---- finalize: sink (split 0), normalise, natural-log LSE --------------------------------
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0).to(tl.float32) * LOG2E  # (BLOCK_M,)
+            sink = tl.where(split == 0, sink, float("-inf"))
+            m_fin = tl.maximum(m_i, sink)
+            shift = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+            alpha = tl.exp2(m_i - shift)
+            l_i = l_i * alpha + tl.exp2(sink - shift)
+            acc = acc * alpha[:, None]
+            m_i = m_fin
+        has_mass = l_i > 0.0
+        inv_l = tl.where(has_mass, 1.0 / tl.where(has_mass, l_i, 1.0), 0.0)  # (BLOCK_M,)
+        if HAS_DESCALE:
+            inv_l = inv_l * tl.load(v_descale_ptr + descale_at)
+        out = acc * inv_l[:, None]  # (BLOCK_M, BLOCK_DV) fp32
+        lse = tl.where(has_mass, (m_i + tl.log2(tl.where(has_mass, l_i, 1.0))) * LN2, float("-inf"))  # (BLOCK_M,)
+
+        split64 = split.to(tl.int64)
+        out_ptrs = (out_ptr + split64 * stride_os + batch64 * stride_ob + heads64[:, None] * stride_oh
+                    + token[:, None] * stride_ot + offs_dv[None, :])  # (BLOCK_M, BLOCK_DV)
+        store_as(out_ptrs, out, row_ok[:, None] & (offs_dv[None, :] < DV), ROUND_BF16)
+        lse_ptrs = lse_ptr + split64 * stride_ls + batch64 * stride_lb + heads64 * stride_lh + token * stride_lt
+        tl.store(lse_ptrs, lse, mask=row_ok)
+
+
+def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
+                   tiles: AttentionTiles) -> Launch:
+    """The attention launch for a validated call (:class:`attn_ref.validation.KVCacheCall`).
+
+    ``out`` is ``(n, A0, h, rows, dv)`` and ``lse`` ``(n, A0, h, rows)`` with ``A0 = b`` (batched
+    queries) or 1 (packed queries, rows = ``total_q``): the final output viewed with a unit split
+    axis when ``num_splits == 1``, the fp32 partials otherwise. ``meta`` holds the per-batch int32
+    tensors of :func:`kernels.kvcache.batch_metadata`.
+    """
+    q, qv, kc, vc = call.q, call.qv, call.k_cache, call.v_cache
+    g = call.num_heads // call.num_heads_k
+    rows_per_tile = tiles.block_m // g
+    m_blocks = triton.cdiv(max(call.seqlens_q), rows_per_tile)
+    packed = call.varlen_q
+    fp8_descale = call.is_fp8 and any(x is not None for x in (call.q_descale, call.k_descale, call.v_descale))
+    descales = [_descale_or_ones(call, x) if fp8_descale else None
+                for x in (call.q_descale, call.k_descale, call.v_descale)]
+    out_strides, lse_strides = list(out.stride()[:4]), list(lse.stride())
+    if packed:  # one row axis for all batch entries: the batch index must not move the pointer
+        out_strides[1] = lse_strides[1] = 0
+    rotary = call.rotary_dim > 0 and not call.only_qv
+    args = dict(
+        q_ptr=q, qv_ptr=qv, k_cache_ptr=kc, v_cache_ptr=vc, page_table_ptr=call.page_table,
+        cos_ptr=call.rotary_cos if rotary else None, sin_ptr=call.rotary_sin if rotary else None,
+        sinks_ptr=call.sinks, q_descale_ptr=descales[0], k_descale_ptr=descales[1], v_descale_ptr=descales[2],
+        seqlens_q_ptr=meta["seqlens_q"], q_starts_ptr=meta["q_starts"], cache_rows_ptr=meta["cache_rows"],
+        leftpads_ptr=meta["leftpads"], seqlens_k_ptr=meta["seqlens_k"], rotary_starts_ptr=meta["rotary_starts"],
+        out_ptr=out, lse_ptr=lse,
+        **_row_strides("stride_q", q, packed), **_row_strides("stride_qv", qv, packed),
+        stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
+        stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
+        stride_table=call.page_table.stride(0) if call.paged else 0,
+        stride_rotary=call.rotary_cos.stride(0) if rotary else 0,
+        stride_descale=descales[0].stride(0) if fp8_descale else 0,
+        stride_os=out_strides[0], stride_ob=out_strides[1], stride_oh=out_strides[2], stride_ot=out_strides[3],
+        stride_ls=lse_strides[0], stride_lb=lse_strides[1], stride_lh=lse_strides[2], stride_lt=lse_strides[3],
+        softmax_scale=call.softmax_scale, softcap=call.softcap if call.softcap > 0 else 1.0,
+        window_left=call.window_size[0], window_right=call.window_size[1], chunk=call.attention_chunk,
+        num_splits=num_splits,
+    )
+    constexprs = dict(
+        H_K=call.num_heads_k, G=g, D=call.head_dim, DV=call.head_dim_v,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        BLOCK_D=max(16, next_power_of_2(call.head_dim)), BLOCK_DV=max(16, next_power_of_2(call.head_dim_v)),
+        PAGE_SIZE=max(call.page_size, 1), PAGED=call.paged,
+        HAS_QV=call.qv is not None and not call.only_qv, ONLY_QV=call.only_qv, SOFTCAP=call.softcap > 0,
+        MASK_LEFT=call.window_size[0] >= 0, MASK_RIGHT=call.window_size[1] >= 0,
+        HAS_CHUNK=call.attention_chunk > 0,
+        ROTARY_DIM=call.rotary_dim if rotary else 0, INTERLEAVED=call.rotary_interleaved,
+        ROTARY_FIXED=call.rotary_q_fixed_position,
+        HAS_SINKS=call.sinks is not None, HAS_DESCALE=fp8_descale,
+        COMPUTE_DTYPE=compute_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        ROUND_BF16=rounds_bf16(out.dtype),
+    )
+    grid = (m_blocks, call.batch_size * call.num_heads_k, num_splits)
+    return Launch(_attention_kernel, grid, args, constexprs, num_warps=tiles.num_warps,
+                  num_stages=tiles.num_stages, dummy_device=vc.device)
+
+
+def _row_strides(prefix: str, x, packed: bool) -> dict[str, int]:
+    """``(batch, token, head)`` strides of q-like ``x``: batched ``(b, sq, h, dim)`` or packed
+    ``(total_q, h, dim)`` (batch stride 0; the token index already includes ``q_start``)."""
+    if x is None:
+        return {prefix + "b": 0, prefix + "t": 0, prefix + "h": 0}
+    b, t, h = (0, *x.stride()[:2]) if packed else x.stride()[:3]
+    return {prefix + "b": b, prefix + "t": t, prefix + "h": h}
+
+
+def _descale_or_ones(call, descale):
+    """A ``(b, h_k)`` fp32 descale factor, or ones when this one was not given."""
+    if descale is not None:
+        return descale
+    return torch.ones(call.batch_size, call.num_heads_k, dtype=torch.float32, device=call.q.device)

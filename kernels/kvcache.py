@@ -1,0 +1,187 @@
+"""``flash_attn_with_kvcache`` on Triton kernels: a drop-in for :func:`attn_ref.flash_attn_with_kvcache`.
+
+The call runs the reference's steps (:mod:`attn_ref.kvcache`), each on a kernel:
+
+1. :func:`attn_ref.validation.check_kvcache_args` validates everything (same errors, same order as
+   the reference; nothing is launched or written if it raises);
+2. :mod:`kernels.append` writes the new keys (rotated) and values into the cache, in place;
+3. :mod:`kernels.attention` computes every query row's attention over its valid keys, in
+   ``num_splits`` key ranges (:func:`attn_ref.splits.split_bounds`) when ``n > 1``;
+4. :mod:`kernels.merge` combines the ``n`` fp32 partial states through their LSE.
+
+Results match the reference: ``out`` in q's dtype (bf16 for fp8), LSE fp32 ``(b, h, sq)`` /
+``(h, total_q)`` (natural log, ``-inf`` for rows that see no key, ``+inf`` everywhere for a
+zero-length cache with nothing appended), and ``out_accum`` / ``softmax_lse_accum`` fp32
+``(n, b, h, sq, dv)`` / ``(n, b, h, sq)`` (packed: ``(n, h, total_q, dv)`` / ``(n, h, total_q)``) when
+``n > 1`` splits ran, else None. The one intended difference is ``num_splits=0``: the reference
+always takes one split, the kernels choose ``n`` with :func:`kernels.splits.choose_num_splits` and
+return the partials whenever that ``n`` is above 1.
+
+Per-batch lengths and offsets (the lists of :class:`attn_ref.validation.KVCacheCall`) reach the
+kernels as small int32 tensors (:func:`batch_metadata`), copied to the device once per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
+
+import torch
+
+from attn_ref.validation import KVCacheCall, check_kvcache_args
+
+from .append import plan_append
+from .attention import plan_attention
+from .launch import num_sms
+from .merge import plan_merge
+from .splits import attention_tiles, choose_num_splits
+
+#: Per-batch int32 fields of :class:`KVCacheCall` that the kernels read.
+METADATA_FIELDS = ("seqlens_q", "q_starts", "cache_rows", "leftpads", "seqlens_k", "new_lens",
+                   "new_starts", "cache_seqlens", "rotary_starts")
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    qv=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    rotary_seqlens: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    attention_chunk: Optional[int] = None,
+    softcap=0.0,  # 0.0 means deactivated
+    rotary_interleaved=True,
+    scheduler_metadata=None,
+    num_splits=0,
+    pack_gqa=None,
+    only_qv=False,
+    sm_margin=0,
+    return_softmax_lse=False,
+    sinks=None,
+    score_mod=None,
+    aux_tensors=None,
+    ver=3,
+    out=None,
+):
+    """Attention of ``q`` over a KV cache, appending ``k``/``v`` to the cache first (in place).
+
+    Arguments, shapes and return values are those of :func:`attn_ref.flash_attn_with_kvcache`
+    (sglang's API). ``num_splits``: 0 lets :func:`kernels.splits.choose_num_splits` decide, 1 never
+    splits, ``n > 1`` runs ``n`` splits. ``pack_gqa``, ``scheduler_metadata``, ``sm_margin``,
+    ``score_mod``, ``aux_tensors`` and ``ver`` are accepted and ignored (the kernels always pack the
+    query heads of a KV head into one tile).
+    """
+    call = check_kvcache_args(
+        q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
+        q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
+        softcap, rotary_interleaved, num_splits, only_qv, sinks, out,
+    )
+    call = _kernel_ready(call)
+    meta = batch_metadata(call)
+    append = plan_append(call, meta)
+    if append is not None:
+        append.run()
+    result, lse, out_accum, lse_accum = attend(call, meta)
+    if return_softmax_lse:
+        return result, lse, out_accum, lse_accum
+    return result
+
+
+def batch_metadata(call: KVCacheCall) -> dict[str, torch.Tensor]:
+    """The per-batch lists of ``call`` as ``(b,)`` int32 tensors on the cache's device (one copy)."""
+    table = torch.tensor([getattr(call, name) for name in METADATA_FIELDS], dtype=torch.int32)
+    table = table.reshape(len(METADATA_FIELDS), call.batch_size).to(call.v_cache.device)
+    return dict(zip(METADATA_FIELDS, table))
+
+
+def attend(call: KVCacheCall, meta: dict):
+    """Attention for every batch entry; returns ``(out, lse, out_accum, lse_accum)`` (module docstring)."""
+    h, dv, device, total_q = call.num_heads, call.head_dim_v, call.v_cache.device, call.total_q
+    tiles = attention_tiles(call.num_heads // call.num_heads_k, max(call.seqlens_q, default=0),
+                            call.head_dim, dv)
+    n = call.num_splits or _heuristic_splits(call, tiles)
+    if call.empty_kv:
+        n = max(call.num_splits, 1)
+
+    out_shape = (*call.q.shape[:-1], dv)
+    writable = call.out is not None and call.out.stride(-1) == 1
+    result = call.out if writable else torch.empty(out_shape, dtype=call.out_dtype, device=device)
+    lse = torch.empty((h, total_q) if call.varlen_q else (call.batch_size, h, call.q.shape[1]),
+                      dtype=torch.float32, device=device)
+    out_view, lse_view = _per_head_rows(call, result, lse)  # (A0, h, rows, dv), (A0, h, rows)
+    accum = lse_accum = None
+    if n > 1:  # the reference's layouts: (n, b, h, sq, dv) / (n, h, total_q, dv)
+        accum = torch.empty((n, *lse.shape, dv), dtype=torch.float32, device=device)
+        lse_accum = torch.empty((n, *lse.shape), dtype=torch.float32, device=device)
+
+    if call.empty_kv:  # a zero-length cache with nothing appended: FA3's (0, +inf)
+        result.zero_()
+        lse.fill_(float("inf"))
+        if accum is not None:
+            accum.zero_()
+            lse_accum.fill_(float("-inf"))
+    elif total_q > 0 and n == 1:
+        plan_attention(call, meta, out_view[None], lse_view[None], 1, tiles).run()
+    elif total_q > 0:
+        accum_view = accum if not call.varlen_q else accum[:, None]  # (n, A0, h, rows, dv)
+        lse_accum_view = lse_accum if not call.varlen_q else lse_accum[:, None]  # (n, A0, h, rows)
+        plan_attention(call, meta, accum_view, lse_accum_view, n, tiles).run()
+        plan_merge(accum_view[0], lse_accum_view[0], accum_view[1:], lse_accum_view[1:],
+                   out_view, lse_view).run()
+
+    if call.out is not None and not writable:
+        call.out.copy_(result)
+        result = call.out
+    return result, lse, accum, lse_accum
+
+
+def _heuristic_splits(call: KVCacheCall, tiles) -> int:
+    rows_per_tile = tiles.block_m // (call.num_heads // call.num_heads_k)
+    m_blocks = -(-max(call.seqlens_q, default=0) // rows_per_tile)
+    programs = call.batch_size * call.num_heads_k * m_blocks
+    return choose_num_splits(programs, max(call.seqlens_k, default=0), tiles.block_n,
+                             num_sms(call.v_cache.device))
+
+
+def _per_head_rows(call: KVCacheCall, out: torch.Tensor, lse: torch.Tensor):
+    """Views ``(A0, h, rows, dv)`` of ``out`` and ``(A0, h, rows)`` of ``lse``: ``A0 = b`` for batched
+    queries (out is ``(b, sq, h, dv)``), 1 for packed ones (out ``(total_q, h, dv)``)."""
+    if call.varlen_q:
+        return out.permute(1, 0, 2)[None], lse[None]
+    return out.permute(0, 2, 1, 3), lse
+
+
+def _kernel_ready(call: KVCacheCall) -> KVCacheCall:
+    """``call`` with the tensors the kernels read given a contiguous last axis (copies only if not),
+    rotary tables and descales fully contiguous (they share one stride)."""
+    def last_dim_contiguous(x):
+        return x if x is None or x.stride(-1) == 1 else x.contiguous()
+
+    def contiguous(x):
+        return None if x is None else x.contiguous()
+
+    return dataclasses.replace(
+        call,
+        q=last_dim_contiguous(call.q), k=last_dim_contiguous(call.k), v=last_dim_contiguous(call.v),
+        qv=last_dim_contiguous(call.qv), page_table=last_dim_contiguous(call.page_table),
+        rotary_cos=contiguous(call.rotary_cos), rotary_sin=contiguous(call.rotary_sin),
+        q_descale=contiguous(call.q_descale), k_descale=contiguous(call.k_descale),
+        v_descale=contiguous(call.v_descale), sinks=contiguous(call.sinks),
+    )

@@ -1,0 +1,108 @@
+"""How the kernels are launched: one :class:`Launch` record per kernel call, on a GPU or in the interpreter.
+
+Every launcher in this package first *plans* a call (kernel, grid, runtime arguments, compile-time
+constants, warps, stages) as a :class:`Launch`, then runs it. The same plan is what
+``tests/test_kernel_compile.py`` hands to ``triton.compile`` for sm_90 / sm_80, so the variants that
+CI compiles are exactly the ones the launchers run.
+
+Interpreter mode (``TRITON_INTERPRET=1``, set before this package is imported) runs the kernels with
+numpy on the CPU. Its bf16 arithmetic is wrong and its fp32 -> bf16 conversion truncates, so
+:func:`compute_dtype` upcasts bf16 tiles to fp32 right after loading and ``round_bf16`` (see
+:mod:`kernels.numerics`) rounds to nearest even before a bf16 store. On a GPU neither happens.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import triton.language as tl
+
+#: True when Triton runs kernels through its numpy interpreter (decided at import time, as Triton does).
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+#: Streaming multiprocessors assumed by the split heuristic in the interpreter: a tiny "device", so
+#: that ``num_splits=0`` exercises splitting on small CPU test shapes without launching many programs.
+INTERPRETER_SMS = 4
+
+_TL_DTYPES = {
+    torch.float16: tl.float16,
+    torch.bfloat16: tl.bfloat16,
+    torch.float32: tl.float32,
+    torch.float8_e4m3fn: tl.float8e4nv,
+}
+
+
+@dataclass
+class Launch:
+    """A planned kernel call: ``kernel[grid](**args, **constexprs, num_warps=..., num_stages=...)``.
+
+    ``args`` are the runtime arguments (tensors, ints, floats) in the kernel's parameter order;
+    ``constexprs`` the compile-time ones. Tensors may be ``None`` only where the kernel never reads
+    them (a constexpr switch is off); :meth:`run` replaces them by a one-element dummy.
+    """
+
+    kernel: Any
+    grid: tuple[int, ...]
+    args: dict[str, Any]
+    constexprs: dict[str, Any]
+    num_warps: int = 4
+    num_stages: int = 2
+    dummy_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def runtime_args(self) -> dict[str, Any]:
+        """``args`` with every ``None`` replaced by a dummy int32 tensor (never dereferenced)."""
+        dummy = torch.zeros(1, dtype=torch.int32, device=self.dummy_device)
+        return {k: (dummy if v is None else v) for k, v in self.args.items()}
+
+    def run(self) -> None:
+        if min(self.grid) == 0:
+            return
+        self.kernel[self.grid](
+            **self.runtime_args(), **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
+        )
+
+
+def tl_dtype(dtype: torch.dtype):
+    """The Triton dtype of a torch dtype the kernels accept."""
+    return _TL_DTYPES[dtype]
+
+
+def compute_dtype(dtype: torch.dtype):
+    """Dtype that loaded q/k/v/qv tiles are converted to before the matmuls.
+
+    * fp16 / fp32: unchanged (fp32 matmuls use ``input_precision="ieee"``, see :func:`dot_precision`);
+    * bf16: unchanged on a GPU, fp32 in the interpreter (whose bf16 arithmetic is wrong);
+    * fp8 e4m3: bf16 on a GPU (exact widening; the matmuls then run on bf16 tensor cores and the
+      softmax weights keep bf16 precision), fp32 in the interpreter.
+    """
+    if INTERPRETING and dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        return tl.float32
+    if dtype == torch.float8_e4m3fn:
+        return tl.bfloat16
+    return tl_dtype(dtype)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of ``tl.dot``: exact fp32 ("ieee") when the tiles are fp32, else "tf32"
+    (a no-op for 16-bit operands)."""
+    return "ieee" if compute_dtype(dtype) == tl.float32 else "tf32"
+
+
+def rounds_bf16(dtype: torch.dtype) -> bool:
+    """Whether stores of this dtype need explicit round-to-nearest-even (bf16 in the interpreter)."""
+    return INTERPRETING and dtype == torch.bfloat16
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (:data:`INTERPRETER_SMS` when interpreting on a CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SMS
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+

@@ -1,0 +1,188 @@
+"""Merging attention states through their log-sum-exp: the split-KV combine and ring-attention ⊕.
+
+An attention state over a key set is ``(o, lse)`` with natural-log ``lse``; for disjoint key sets
+(:mod:`attn_ref.merge`)::
+
+    lse = log(e^{lse_a} + e^{lse_b})          o = e^{lse_a - lse} o_a + e^{lse_b - lse} o_b
+
+computed stably with ``m = max(lse_a, lse_b)`` subtracted first (``m = 0`` when both are ``-inf``,
+so an empty pair gives ``(0, -inf)``, never NaN). ``+inf`` (FA3's zero-length-KV marker) counts as
+``-inf``, as in the reference and sglang's ``merge_state``.
+
+One kernel folds ``n`` states left to right, ``((s_0 ⊕ s_1) ⊕ s_2) ⊕ ...``, exactly as the
+reference reduces its split partials. State 0 and states ``1..n-1`` come through separate pointers
+and strides, so the same kernel serves
+
+* the split-KV combine (state 0 = ``out_accum[0]``, the rest = ``out_accum[1:]``), writing the final
+  output in its own layout and dtype;
+* :func:`merge_attention_states` (two separate tensors, ``n = 2``);
+* :func:`combine_attention_states` (``n`` stacked states).
+
+Every state is addressed as ``(A0, A1, A2, dim)`` (LSE ``(A0, A1, A2)``) through strides; the grid is
+``(cdiv(A2, BLOCK_R), A1, A0)`` and a program merges ``BLOCK_R`` rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import Launch, next_power_of_2, rounds_bf16
+from .numerics import store_as
+
+
+@triton.jit
+def _load_state(out_ptrs, lse_ptrs, mask, row_mask):
+    """Load ``o`` (R, BLOCK_DIM) and ``lse`` (R,) as fp32, with ``+inf`` LSEs read as ``-inf``."""
+    o = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    lse = tl.load(lse_ptrs, mask=row_mask, other=float("-inf")).to(tl.float32)
+    return o, tl.where(lse == float("inf"), float("-inf"), lse)
+
+
+@triton.jit
+def _merge_pair(o_a, lse_a, o_b, lse_b):
+    """``(o_a, lse_a) ⊕ (o_b, lse_b)`` on (R, BLOCK_DIM) / (R,) fp32 tiles, stable form."""
+    m = tl.maximum(lse_a, lse_b)
+    shift = tl.where(m == float("-inf"), 0.0, m)  # both empty: weights 0, not NaN
+    w_a = tl.exp(lse_a - shift)
+    w_b = tl.exp(lse_b - shift)
+    total = w_a + w_b
+    inv = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
+    o = (w_a * inv)[:, None] * o_a + (w_b * inv)[:, None] * o_b
+    return o, shift + tl.log(total)
+
+
+@triton.jit
+def _merge_states_kernel(
+    first_out_ptr,  # (A0, A1, A2, dim): state 0
+    first_lse_ptr,  # (A0, A1, A2)
+    rest_out_ptr,  # (n - 1, A0, A1, A2, dim): states 1 .. n-1
+    rest_lse_ptr,  # (n - 1, A0, A1, A2)
+    out_ptr,  # (A0, A1, A2, dim) merged output, any float dtype
+    lse_ptr,  # (A0, A1, A2) fp32 merged LSE
+    num_rest,  # n - 1
+    rows,  # A2
+    stride_fo0, stride_fo1, stride_fo2,  # first_out strides (last dim contiguous)
+    stride_fl0, stride_fl1, stride_fl2,
+    stride_ros, stride_ro0, stride_ro1, stride_ro2,  # rest_out strides
+    stride_rls, stride_rl0, stride_rl1, stride_rl2,
+    stride_o0, stride_o1, stride_o2,
+    stride_l0, stride_l1, stride_l2,
+    DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DIM: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    pid_r, a1, a0 = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    offs_r = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # (BLOCK_R,) index along A2
+    offs_d = tl.arange(0, BLOCK_DIM)  # (BLOCK_DIM,)
+    row_mask = offs_r < rows  # (BLOCK_R,)
+    mask = row_mask[:, None] & (offs_d[None, :] < DIM)  # (BLOCK_R, BLOCK_DIM)
+
+    o, lse = _load_state(
+        first_out_ptr + a0 * stride_fo0 + a1 * stride_fo1 + offs_r[:, None] * stride_fo2 + offs_d[None, :],
+        first_lse_ptr + a0 * stride_fl0 + a1 * stride_fl1 + offs_r * stride_fl2, mask, row_mask,
+    )  # (BLOCK_R, BLOCK_DIM), (BLOCK_R,)
+    rest_out_ptrs = (rest_out_ptr + a0 * stride_ro0 + a1 * stride_ro1 + offs_r[:, None] * stride_ro2
+                     + offs_d[None, :])  # (BLOCK_R, BLOCK_DIM) state 1
+    rest_lse_ptrs = rest_lse_ptr + a0 * stride_rl0 + a1 * stride_rl1 + offs_r * stride_rl2  # (BLOCK_R,)
+    for _ in range(num_rest):
+        o_s, lse_s = _load_state(rest_out_ptrs, rest_lse_ptrs, mask, row_mask)
+        o, lse = _merge_pair(o, lse, o_s, lse_s)
+        rest_out_ptrs += stride_ros  # next state (64-bit pointer arithmetic)
+        rest_lse_ptrs += stride_rls
+
+    out_ptrs = out_ptr + a0 * stride_o0 + a1 * stride_o1 + offs_r[:, None] * stride_o2 + offs_d[None, :]
+    store_as(out_ptrs, o, mask, ROUND_BF16)
+    tl.store(lse_ptr + a0 * stride_l0 + a1 * stride_l1 + offs_r * stride_l2, lse, mask=row_mask)
+
+
+def plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse) -> Launch:
+    """Launch that folds state 0 with states ``1..n-1`` into ``(out, lse)``.
+
+    Shapes: ``first_out (A0, A1, A2, dim)``, ``first_lse (A0, A1, A2)``, ``rest_out (n-1, A0, A1, A2, dim)``,
+    ``rest_lse (n-1, A0, A1, A2)``, ``out (A0, A1, A2, dim)`` (any float dtype), ``lse (A0, A1, A2)``
+    fp32. Every ``dim`` axis must have stride 1.
+    """
+    a0, a1, a2, dim = out.shape
+    block_dim = max(16, next_power_of_2(dim))
+    block_r = max(1, min(64, 4096 // block_dim, next_power_of_2(a2)))
+    args = dict(
+        first_out_ptr=first_out, first_lse_ptr=first_lse, rest_out_ptr=rest_out, rest_lse_ptr=rest_lse,
+        out_ptr=out, lse_ptr=lse, num_rest=rest_out.shape[0], rows=a2,
+        **_strides("stride_fo", first_out.stride()[:3]), **_strides("stride_fl", first_lse.stride()),
+        **_strides("stride_ro", rest_out.stride()[:4], ("s", "0", "1", "2")),
+        **_strides("stride_rl", rest_lse.stride(), ("s", "0", "1", "2")),
+        **_strides("stride_o", out.stride()[:3]), **_strides("stride_l", lse.stride()),
+    )
+    constexprs = dict(DIM=dim, BLOCK_R=block_r, BLOCK_DIM=block_dim, ROUND_BF16=rounds_bf16(out.dtype))
+    return Launch(_merge_states_kernel, (triton.cdiv(a2, block_r), a1, a0), args, constexprs,
+                  num_warps=4, num_stages=1, dummy_device=out.device)
+
+
+def _strides(prefix: str, strides, axes=("0", "1", "2")) -> dict[str, int]:
+    return {prefix + axis: stride for axis, stride in zip(axes, strides)}
+
+
+def merge_attention_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out_a, lse_a) ⊕ (out_b, lse_b)``, as :func:`attn_ref.merge.merge_attention_states`.
+
+    Shapes: ``out_* (..., dim)``, ``lse_* (...)`` = ``out.shape[:-1]``, natural-log LSE, any float
+    dtype. Returns fp32 ``(out (..., dim), lse (...))``. The inputs are read in place (no stacking).
+    """
+    _require_state("out_a", out_a, "lse_a", lse_a)
+    _require_state("out_b", out_b, "lse_b", lse_b)
+    if out_b.shape != out_a.shape:
+        raise ValueError(f"out_b must have the shape of out_a {tuple(out_a.shape)}, got {tuple(out_b.shape)}")
+    rows_a, rows_b = _rows(out_a), _rows(out_b)  # (R, dim) each
+    return _fold(rows_a[None, None], lse_a.reshape(1, 1, -1), rows_b[None, None, None],
+                 lse_b.reshape(1, 1, 1, -1), out_a.shape)
+
+
+def combine_attention_states(out_partials: torch.Tensor, lse_partials: torch.Tensor):
+    """Fold ``n`` attention states ``s_0 ⊕ s_1 ⊕ ... ⊕ s_{n-1}`` (e.g. the split-KV partials).
+
+    Shapes: ``out_partials (n, ..., dim)``, ``lse_partials (n, ...)``. Returns fp32
+    ``(out (..., dim), lse (...))``.
+    """
+    _require_state("out_partials", out_partials, "lse_partials", lse_partials)
+    if out_partials.dim() < 2 or out_partials.shape[0] == 0:
+        raise ValueError(
+            f"out_partials must be (n, ..., dim) with n >= 1 states, got shape {tuple(out_partials.shape)}"
+        )
+    n = out_partials.shape[0]
+    states = _rows(out_partials, leading=1)[:, None, None]  # (n, 1, 1, R, dim)
+    lses = lse_partials.reshape(n, 1, 1, -1)  # (n, 1, 1, R)
+    return _fold(states[0], lses[0], states[1:], lses[1:], out_partials.shape[1:])
+
+
+def _rows(x: torch.Tensor, leading: int = 0) -> torch.Tensor:
+    """``(lead..., ..., dim)`` -> ``(lead..., R, dim)`` with a contiguous channel axis."""
+    x = x.reshape(*x.shape[:leading], -1, x.shape[-1])
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _fold(first_out, first_lse, rest_out, rest_lse, out_shape):
+    """Run the merge kernel on row views; returns fp32 ``(out (out_shape), lse (out_shape[:-1]))``."""
+    out = torch.empty(first_out.shape, dtype=torch.float32, device=first_out.device)  # (1, 1, R, dim)
+    lse = torch.empty(first_lse.shape, dtype=torch.float32, device=first_out.device)  # (1, 1, R)
+    if out.numel() > 0:
+        plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse).run()
+    return out.view(out_shape), lse.view(out_shape[:-1])
+
+
+def _require_state(out_name: str, out: torch.Tensor, lse_name: str, lse: torch.Tensor) -> None:
+    """An attention state: ``lse.shape == out.shape[:-1]``, both floating point, same device."""
+    if not isinstance(out, torch.Tensor) or not isinstance(lse, torch.Tensor):
+        raise TypeError(
+            f"{out_name} and {lse_name} must be torch.Tensors, got {type(out).__name__} and {type(lse).__name__}"
+        )
+    if out.dim() < 1 or tuple(lse.shape) != tuple(out.shape[:-1]):
+        raise ValueError(
+            f"{lse_name} must have shape {out_name}.shape[:-1] = {tuple(out.shape[:-1])}, got {tuple(lse.shape)}"
+        )
+    if not (out.dtype.is_floating_point and lse.dtype.is_floating_point) or out.device != lse.device:
+        raise ValueError(
+            f"{out_name} and {lse_name} must be floating point on one device, got {out.dtype} on "
+            f"{out.device} and {lse.dtype} on {lse.device}"
+        )

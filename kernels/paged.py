@@ -1,0 +1,38 @@
+"""Addressing a KV cache inside a kernel: contiguous rows or pages (mirrors :mod:`attn_ref.paged`).
+
+Logical position ``p`` of cache row ``r`` lives at
+
+* contiguous cache ``(b_cache, s_cache, h_k, dim)``: ``cache[r, p]``;
+* paged cache ``(num_pages, P, h_k, dim)``: ``cache[page_table[r, p // P], p % P]``, the page id
+  loaded from the table for every position (so any page size works, pages in any order).
+
+:func:`token_offsets` returns the int64 element offset of each token's ``[..., head 0, channel 0]``;
+int64 because ``num_pages * P * h_k * dim`` overflows int32 for large caches.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def token_offsets(
+    positions,  # (N,) int32: logical positions p in cache row `row`
+    mask,  # (N,) bool: positions to address (others get offset 0 and must not be dereferenced)
+    row,  # int32 scalar: cache row r (contiguous) or page-table row (paged)
+    page_table_ptr,  # (b_k, max_pages) int32, read only when PAGED
+    stride_table,  # page_table.stride(0)
+    stride_major,  # cache.stride(0): per cache row / per page
+    stride_minor,  # cache.stride(1): per position / per slot in a page
+    PAGE_SIZE: tl.constexpr,  # P
+    PAGED: tl.constexpr,
+):
+    """(N,) int64 offsets of the addressed tokens in the cache (element units)."""
+    if PAGED:
+        page_index = tl.where(mask, positions // PAGE_SIZE, 0)
+        pages = tl.load(page_table_ptr + row.to(tl.int64) * stride_table + page_index, mask=mask, other=0)
+        major = pages.to(tl.int64)  # (N,) page ids
+        minor = (positions % PAGE_SIZE).to(tl.int64)  # (N,) slots within the page
+    else:
+        major = row.to(tl.int64)
+        minor = positions.to(tl.int64)
+    return tl.where(mask, major * stride_major + minor * stride_minor, 0)

@@ -1,5 +1,16 @@
-"""errors: the machine-readable catalog of every error the package raises on purpose.
+"""errors: the catalog of every exception attn-ref raises on purpose, checked against the code.
 
-Work in progress: the JSON catalog, its validation against the code and the ``python -m errors``
-command land here next.
+``errors/catalog.json`` holds one entry per ``raise`` statement of ``ValueError``, ``TypeError`` or
+``NotImplementedError`` in ``attn_ref/`` and ``kernels/`` (format: ``errors/README.md``). This package
+reads and checks it without importing :mod:`attn_ref`:
+
+* :func:`get` (id, slug or alias), :func:`lookup` (a message or an exception), :func:`explain`
+  (markdown), :func:`match` (every entry a message fits);
+* :func:`catalogued`: the decorator that adds the id and docs link to exceptions as a note;
+* ``python -m errors explain|search|list|check|sync|scan``.
 """
+
+from .catalog import CatalogError, explain, get, load, lookup, match
+from .notes import catalogued
+
+__all__ = ["CatalogError", "catalogued", "explain", "get", "load", "lookup", "match"]

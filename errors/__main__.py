@@ -1,0 +1,137 @@
+"""``python -m errors``: explain, search, list, check, sync and scan the error catalog.
+
+Exit status: 0 on success, 1 when the answer is "no" (nothing found, drift found, unreadable input),
+2 for a malformed command line. Problems are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import catalog as cat
+from .scan import scan
+from .sync import describe_site
+
+
+def _explain(args, catalog) -> int:
+    query = " ".join(args.query)
+    print(cat.explain(query, catalog), end="")
+    return 0
+
+
+def _haystack(entry: dict) -> str:
+    return " ".join([entry["id"], entry["slug"], entry["summary"], entry["message"]["template"], entry["area"],
+                     entry["exception"]["type"], *entry["tags"], entry["what_it_means"]]).lower()
+
+
+def _search(args, catalog) -> int:
+    words = [w.lower() for w in " ".join(args.words).split()]
+    if not words:
+        raise KeyError("the search is empty: give one or more words")
+    found = [e for e in catalog["errors"] if all(w in _haystack(e) for w in words)]
+    if not found:
+        raise KeyError(f"no catalog entry contains all of: {' '.join(words)}")
+    for entry in found:
+        print(f"{entry['id']}  {entry['slug']}  {entry['summary']}")
+    return 0
+
+
+def _list(args, catalog) -> int:
+    if args.json:
+        rows = [{"id": e["id"], "slug": e["slug"], "status": e["status"], "exception": e["exception"]["type"],
+                 "summary": e["summary"], "template": e["message"]["template"], "area": e["area"],
+                 "shared_with_sglang": bool(e["upstream"]), "docs_url": e["docs_url"]} for e in catalog["errors"]]
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return 0
+    for e in catalog["errors"]:
+        shared = "sglang" if e["upstream"] else "own"
+        print(f"{e['id']}  {e['status']:<7}  {e['exception']['type']:<19}  {shared:<6}  {e['slug']}")
+    return 0
+
+
+def _check(args, catalog_path: Path) -> int:
+    from .check import check
+
+    report = check(catalog_path=catalog_path, run_examples=not args.no_examples,
+                   base=None if args.no_history else args.base)
+    for rule, where, reason in report.skipped:
+        print(f"skipped  {rule}  {where}: {reason}")
+    for rule, where, detail in report.problems:
+        print(f"FAIL  {rule}  {where}: {detail}")
+    counts = ", ".join(f"{k} {v}" for k, v in report.counts.items())
+    verdict = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+    print(f"errors check: {verdict} ({counts}) in {report.seconds:.1f} s")
+    return 0 if report.ok else 1
+
+
+def _sync(args, catalog_path: Path) -> int:
+    from .sync import sync_file
+
+    result, changed = sync_file(catalog_path)
+    print(f"{catalog_path}: {'updated' if changed else 'already up to date'}")
+    for site in result.unmatched_sites:
+        print(f"no entry for: {describe_site(site)}")
+    for entry in result.unmatched_entries:
+        print(f"no raise for: {entry['id']} {entry['slug']}")
+    return 0 if not (result.unmatched_sites or result.unmatched_entries) else 1
+
+
+def _scan(args) -> int:
+    path = Path(args.path)
+    if not path.exists():
+        raise KeyError(f"{args.path} does not exist")
+    root = path if path.is_dir() else path.parent
+    sites, problems = scan(root, None if path.is_dir() else [path.name])
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if args.json:
+        rows = [{"exception": s.exception, **s.message_json(), "source": s.source_json()} for s in sites]
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+    else:
+        for site in sites:
+            print(describe_site(site))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m errors", description="The attn-ref error catalog.")
+    p.add_argument("--catalog", type=Path, default=cat.CATALOG_PATH, help="catalog file (default: the shipped one)")
+    sub = p.add_subparsers(dest="command", required=True)
+    explain = sub.add_parser("explain", help="print the entry for a message, id or slug (markdown)")
+    explain.add_argument("query", nargs="+")
+    search = sub.add_parser("search", help="entries containing all the words")
+    search.add_argument("words", nargs="+")
+    listing = sub.add_parser("list", help="every entry, one per line")
+    listing.add_argument("--json", action="store_true", help="a JSON array instead")
+    check = sub.add_parser("check", help="every validation; exit 1 on any problem")
+    check.add_argument("--no-examples", action="store_true", help="do not run the examples")
+    check.add_argument("--base", default="HEAD", help="git revision for the never-delete rule (default HEAD)")
+    check.add_argument("--no-history", action="store_true", help="skip the never-delete rule")
+    sub.add_parser("sync", help="refresh the derived fields (source, message) from the code")
+    scan_p = sub.add_parser("scan", help="list the raise sites of any Python tree, without importing it")
+    scan_p.add_argument("path")
+    scan_p.add_argument("--json", action="store_true", help="a JSON array instead")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "scan":
+            return _scan(args)
+        if args.command == "check":
+            return _check(args, args.catalog)
+        if args.command == "sync":
+            return _sync(args, args.catalog)
+        catalog = cat.load(args.catalog)
+        return {"explain": _explain, "search": _search, "list": _list}[args.command](args, catalog)
+    except (cat.CatalogError, KeyError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Every validation of the catalog against itself, its schema, its git history and the code.
+
+Rules (each problem is reported with the rule's name):
+
+* ``load``: the file is JSON with an ``errors`` list.
+* ``schema``: it validates against ``errors/schema.json`` (draft 2020-12, with a ``FormatChecker``).
+* ``ids``: ``id`` is the first 16 hex digits of SHA-256 of ``id_basis.input``; ids, slugs and aliases
+  are unique; every ``related`` id exists and is not the entry itself.
+* ``coverage``: the AST scan of ``attn_ref/`` and ``kernels/`` and the active entries map one to one.
+* ``derived``: path, lines, function, excerpt and message (template, placeholders, regex) equal what
+  the code says now (``python -m errors sync`` fixes this).
+* ``determinism``: syncing twice gives byte-identical text, equal to the file.
+* ``history``: against the catalog at a git revision (default ``HEAD``), no entry disappears, no
+  ``id_basis`` changes, no slug is lost (an old slug must stay as slug or alias), no removed entry
+  comes back. Skipped, and said so, where there is no git history.
+* ``examples``: see :mod:`errors.examples`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import catalog as cat
+from .examples import example_problems, skip_reason
+from .sync import describe_site, scan_package, sync
+
+
+@dataclass
+class Report:
+    problems: list = field(default_factory=list)  # (rule, where, detail)
+    skipped: list = field(default_factory=list)  # (rule, where, reason)
+    counts: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, rule: str, where: str, detail: str) -> None:
+        self.problems.append((rule, where, detail))
+
+
+def id_problems(catalog: dict) -> list[tuple[str, str]]:
+    problems, owners = [], {}
+    ids = {e["id"] for e in catalog["errors"]}
+    for entry in catalog["errors"]:
+        basis = entry.get("id_basis", {}).get("input", "")
+        if not basis.startswith(cat.ID_PREFIX) or entry["id"] != cat.id_of_basis(basis):
+            problems.append((entry["id"], "id is not sha256/64 of id_basis.input"))
+        for name in (entry["id"], entry.get("slug"), *entry.get("aliases", [])):
+            if name in owners and owners[name] != entry["id"]:
+                problems.append((entry["id"], f"{name!r} is also used by entry {owners[name]}"))
+            owners.setdefault(name, entry["id"])
+        for link in entry.get("related", []):
+            if link["id"] == entry["id"]:
+                problems.append((entry["id"], "related to itself"))
+            elif link["id"] not in ids:
+                problems.append((entry["id"], f"related id {link['id']} does not exist"))
+    return problems
+
+
+def history_problems(catalog: dict, old_text: str) -> list[tuple[str, str]]:
+    """Compare with an earlier catalog text: nothing may disappear or change identity."""
+    old = cat.parse(old_text, "the catalog at the base revision")
+    now = {e["id"]: e for e in catalog["errors"]}
+    problems = []
+    for entry in old["errors"]:
+        new = now.get(entry["id"])
+        if new is None:
+            problems.append((entry["id"], f"entry {entry.get('slug')} was deleted; set status to removed instead"))
+            continue
+        if new.get("id_basis") != entry.get("id_basis"):
+            problems.append((entry["id"], "id_basis changed; it is frozen at birth"))
+        if entry.get("slug") != new.get("slug") and entry.get("slug") not in new.get("aliases", []):
+            problems.append((entry["id"], f"old slug {entry.get('slug')} must stay as an alias"))
+        if entry.get("status") == "removed" and new.get("status") != "removed":
+            problems.append((entry["id"], "a removed entry came back; write a new entry instead"))
+    return problems
+
+
+def git_text(root: Path, revision: str, path: Path) -> Optional[str]:
+    """The file at ``revision`` (None when git, the revision or the file is not there)."""
+    try:
+        rel = path.resolve().relative_to(root.resolve()).as_posix()
+        result = subprocess.run(["git", "-C", str(root), "show", f"{revision}:{rel}"],
+                                capture_output=True, text=True, timeout=30)
+    except (ValueError, OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_examples: bool = True,
+          base: Optional[str] = "HEAD") -> Report:
+    """Run every rule; ``run_examples=False`` skips executing examples, ``base=None`` the git rule."""
+    started = time.perf_counter()
+    report = Report()
+    root, catalog_path = Path(root), Path(catalog_path)
+    try:
+        text = catalog_path.read_text(encoding="utf-8")
+        catalog = cat.parse(text, str(catalog_path))
+    except (OSError, UnicodeDecodeError, cat.CatalogError) as exc:
+        report.add("load", str(catalog_path), str(exc))
+        report.seconds = time.perf_counter() - started
+        return report
+
+    for where, message in cat.schema_problems(catalog):
+        report.add("schema", where, message)
+    if report.problems:  # the other rules assume the structure the schema guarantees
+        report.seconds = time.perf_counter() - started
+        return report
+    for where, message in id_problems(catalog):
+        report.add("ids", where, message)
+
+    sites = scan_package(root)
+    result = sync(catalog, sites, root)
+    for site in result.unmatched_sites:
+        report.add("coverage", f"{site.path}:{site.line}", f"raise without a catalog entry: {describe_site(site)}")
+    for entry in result.unmatched_entries:
+        report.add("coverage", entry["id"], f"active entry {entry['slug']} has no raise in the code; "
+                   "fix its source or set status to removed")
+    synced = cat.dumps(result.catalog)
+    stored = {e["id"]: e for e in catalog["errors"]}
+    for entry in result.catalog["errors"]:
+        for key in ("source", "message", "docs_url", "api_url"):
+            if entry.get(key) != stored[entry["id"]].get(key):
+                report.add("derived", entry["id"], f"{key} differs from the code (run: python -m errors sync)")
+    again = cat.dumps(sync(cat.parse(synced), sites, root).catalog)
+    if again != synced:
+        report.add("determinism", str(catalog_path), "syncing twice gives different text")
+    elif synced != text:
+        report.add("determinism", str(catalog_path), "the file differs from a fresh sync (run: python -m errors sync)")
+
+    if base is not None:
+        old_text = git_text(root, base, catalog_path)
+        if old_text is None:
+            report.skipped.append(("history", base, "no catalog at this git revision"))
+        else:
+            for where, message in history_problems(catalog, old_text):
+                report.add("history", where, message)
+
+    if run_examples:
+        for entry in catalog["errors"]:
+            reason = skip_reason(entry)
+            if reason:
+                report.skipped.append(("examples", entry["slug"], reason))
+                continue
+            for message in example_problems(entry, catalog, root):
+                report.add("examples", entry["slug"], message)
+
+    report.counts = {
+        "entries": len(catalog["errors"]),
+        "active": sum(e["status"] == "active" for e in catalog["errors"]),
+        "removed": sum(e["status"] == "removed" for e in catalog["errors"]),
+        "raise_sites": len(sites),
+        "shared_with_sglang": sum(bool(e.get("upstream")) for e in catalog["errors"]),
+    }
+    report.seconds = time.perf_counter() - started
+    return report

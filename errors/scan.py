@@ -1,0 +1,441 @@
+"""Find every deliberate ``raise`` of a catalogued exception type in a Python tree, without importing it.
+
+A *raise site* is one ``raise T(...)`` statement where ``T`` is ``ValueError``, ``TypeError``,
+``NotImplementedError`` or a class of the scanned tree that derives from one of them. For each site
+the scan records where it is (path, lines, enclosing function) and what it says: the message
+*template*, with every f-string expression replaced by a named placeholder, and a *regex* that
+matches every message the site can render.
+
+Template extraction (the message argument is the first positional argument of the call):
+
+* f-string ``f"{name} must have dtype {dtype}, got {x.dtype}"`` -> ``{name} must have dtype {dtype},
+  got {x_dtype}``. A placeholder is named after its expression: the identifier itself, else a slug of
+  the expression source (``tuple(x.shape)`` -> ``tuple_x_shape``). Literal braces are doubled.
+* plain literal ``"v_cache must be provided"``; ``"%s ..." % (a,)``; ``"{} ...".format(a)``.
+* a name bound earlier in the same function (``msg = f"..."; raise ValueError(msg)``): the last
+  assignment before the raise is followed.
+* a module-level literal constant (``raise NotImplementedError(MESSAGE)``, or ``{MAX_SPLITS}`` inside
+  an f-string) is inlined as the text it renders to.
+* anything else (a message computed elsewhere) is *dynamic*: the template is one placeholder.
+
+Regex: literal text escaped, each placeholder a lazy ``(?P<name>.+?)`` group (a repeated expression
+becomes a back-reference), anchored ``\\A...\\Z`` with DOTALL. A placeholder is narrowed when its type
+is evident from the code: a ``:d`` spec or an ``int`` annotation or ``len()`` -> an integer, a
+``torch.dtype`` annotation or a ``.dtype`` attribute -> ``torch.<name>``, ``tuple(...)`` -> a
+parenthesised tuple, ``type(x).__name__`` -> an identifier. Narrowing keeps the regexes of generic
+helper messages (``{name} must have dtype {dtype}``) from matching specific ones.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+#: Exception types whose deliberate raises are catalogued.
+CATALOGUED_TYPES = ("ValueError", "TypeError", "NotImplementedError")
+#: Folders never entered when scanning a tree.
+SKIPPED_DIRS = {".git", ".venv", "venv", "__pycache__", "build", "dist", "site", "node_modules"}
+#: Lines of context kept before and after the raise statement in an excerpt (clipped to the function).
+EXCERPT_BEFORE, EXCERPT_AFTER = 4, 2
+
+_INT = r"-?\d+"
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan)"
+_DTYPE = r"torch\.\w+"
+_DEVICE = r"[\w:]+"
+_TUPLE = r"\(.*?\)"
+_IDENTIFIER = r"[\w.]+"
+_ANY = r".+?"
+
+
+@dataclass
+class Placeholder:
+    """One ``{...}`` field of a template: its name, the expression it renders and how."""
+
+    name: str
+    expr: str
+    conversion: Optional[str] = None  # "r", "s" or "a"
+    spec: Optional[str] = None  # format spec, e.g. "d" or ".3f"
+    pattern: str = _ANY
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "expr": self.expr, "conversion": self.conversion, "spec": self.spec,
+                "pattern": self.pattern}
+
+
+@dataclass
+class Message:
+    """A message template: literal parts interleaved with placeholders."""
+
+    kind: str  # "fstring", "literal", "percent", "format", "dynamic" or "none"
+    parts: list = field(default_factory=list)  # str (literal text) or Placeholder
+
+    @property
+    def placeholders(self) -> list[Placeholder]:
+        seen, result = set(), []
+        for part in self.parts:
+            if isinstance(part, Placeholder) and part.name not in seen:
+                seen.add(part.name)
+                result.append(part)
+        return result
+
+    @property
+    def template(self) -> str:
+        return "".join(
+            p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else "{" + p.name + "}"
+            for p in self.parts
+        )
+
+    @property
+    def regex(self) -> str:
+        pieces, seen = [], set()
+        for part in self.parts:
+            if isinstance(part, str):
+                pieces.append(re.escape(part).replace("\\ ", " "))
+            elif part.name in seen:
+                pieces.append(f"(?P={part.name})")
+            else:
+                seen.add(part.name)
+                pieces.append(f"(?P<{part.name}>{part.pattern})")
+        return r"(?s)\A" + "".join(pieces) + r"\Z"
+
+
+@dataclass
+class RaiseSite:
+    """One ``raise`` statement of a catalogued type. Lines are 1-based; ``path`` is relative, POSIX."""
+
+    path: str
+    line: int
+    end_line: int
+    function: str
+    exception: str
+    message: Message
+    excerpt_start: int
+    excerpt_text: str
+
+    @property
+    def excerpt_end(self) -> int:
+        return self.excerpt_start + self.excerpt_text.count("\n")
+
+    def source_json(self) -> dict:
+        return {
+            "path": self.path,
+            "line": self.line,
+            "end_line": self.end_line,
+            "function": self.function,
+            "excerpt": {"start_line": self.excerpt_start, "end_line": self.excerpt_end,
+                        "text": self.excerpt_text},
+        }
+
+    def message_json(self) -> dict:
+        return {
+            "template": self.message.template,
+            "kind": self.message.kind,
+            "placeholders": [p.as_json() for p in self.message.placeholders],
+            "regex": self.message.regex,
+        }
+
+
+def placeholder_name(expr: ast.expr) -> str:
+    """``x`` for a plain name, else a lower-case slug of the expression source."""
+    if isinstance(expr, ast.Name):
+        return expr.id
+    slug = re.sub(r"[^0-9A-Za-z]+", "_", ast.unparse(expr)).strip("_").lower()
+    return slug or "value"
+
+
+def _narrow(expr: ast.expr, spec: Optional[str], conversion: Optional[str], annotations: dict) -> str:
+    """The tightest pattern that the code makes evident for a rendered expression."""
+    if spec:
+        if spec[-1] in "dxob":
+            return _INT
+        if spec[-1] in "eEfFgG%":
+            return _NUMBER
+        return _ANY
+    if conversion in ("r", "a"):
+        return _ANY
+    annotation = annotations.get(expr.id) if isinstance(expr, ast.Name) else None
+    if annotation == "int":
+        return _INT
+    if annotation == "torch.dtype" or (isinstance(expr, ast.Attribute) and expr.attr == "dtype"):
+        return _DTYPE
+    if annotation == "torch.device" or (isinstance(expr, ast.Attribute) and expr.attr == "device"):
+        return _DEVICE
+    if isinstance(expr, ast.Attribute) and expr.attr == "__name__":
+        return _IDENTIFIER
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name):
+        if expr.func.id in ("len", "int"):
+            return _INT
+        if expr.func.id == "tuple":
+            return _TUPLE
+    return _ANY
+
+
+class _MessageReader:
+    """Turns the message argument of a raise into a :class:`Message`."""
+
+    def __init__(self, annotations: dict, assignments: dict, constants: dict):
+        self.annotations = annotations  # parameter name -> annotation source
+        self.assignments = assignments  # variable name -> [(line, value node)] in the function
+        self.constants = constants  # module-level NAME -> literal value (str, number, tuple, ...)
+
+    def read(self, arg: Optional[ast.expr], line: int) -> Message:
+        if arg is None:
+            return Message("none", [])
+        if isinstance(arg, ast.Name):
+            earlier = [value for at, value in self.assignments.get(arg.id, []) if at < line]
+            if earlier:
+                return self.read(earlier[-1], line)
+            if isinstance(self.constants.get(arg.id), str):
+                return Message("literal", [self.constants[arg.id]])
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return Message("literal", [arg.value] if arg.value else [])
+        if isinstance(arg, ast.JoinedStr):
+            return Message("fstring", self._fstring_parts(arg))
+        if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Mod) and _is_str(arg.left):
+            values = arg.right.elts if isinstance(arg.right, ast.Tuple) else [arg.right]
+            return self._printf(arg.left.value, values) or self._dynamic(arg)
+        if (isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr == "format"
+                and _is_str(arg.func.value)):
+            return self._format(arg.func.value.value, arg) or self._dynamic(arg)
+        return self._dynamic(arg)
+
+    def _placeholder(self, expr: ast.expr, conversion=None, spec=None) -> Placeholder:
+        return Placeholder(placeholder_name(expr), ast.unparse(expr), conversion, spec,
+                           _narrow(expr, spec, conversion, self.annotations))
+
+    def _dynamic(self, arg: ast.expr) -> Message:
+        return Message("dynamic", [self._placeholder(arg)])
+
+    def _fstring_parts(self, node: ast.JoinedStr) -> list:
+        parts = []
+        for value in node.values:
+            if isinstance(value, ast.Constant):
+                _append_text(parts, value.value)
+            else:
+                conversion = chr(value.conversion) if value.conversion != -1 else None
+                spec = None
+                if value.format_spec is not None:
+                    spec = "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                                   for v in value.format_spec.values)
+                constant = self._render_constant(value.value, conversion, spec)
+                if constant is not None:
+                    _append_text(parts, constant)
+                else:
+                    parts.append(self._placeholder(value.value, conversion, spec))
+        return parts
+
+    def _render_constant(self, expr: ast.expr, conversion: Optional[str], spec: Optional[str]) -> Optional[str]:
+        """The rendered text of a module-level literal constant (``{MAX_NUM_SPLITS}`` -> ``256``)."""
+        if not isinstance(expr, ast.Name) or expr.id not in self.constants:
+            return None
+        value = self.constants[expr.id]
+        value = {"r": repr, "a": ascii, "s": str}.get(conversion, lambda v: v)(value)
+        try:
+            return format(value, spec or "")
+        except (TypeError, ValueError):
+            return None
+
+    def _printf(self, text: str, values: list) -> Optional[Message]:
+        pieces = re.split(r"(%[-#0 +]*\d*(?:\.\d+)?[sdirfgex%])", text)
+        parts, index = [], 0
+        for piece in pieces:
+            if not piece.startswith("%") or len(piece) < 2:
+                _append_text(parts, piece)
+            elif piece == "%%":
+                _append_text(parts, "%")
+            else:
+                if index >= len(values):
+                    return None
+                conversion = "r" if piece[-1] == "r" else None
+                spec = None if piece[-1] in "sr" else piece[-1]
+                parts.append(self._placeholder(values[index], conversion, spec))
+                index += 1
+        return Message("percent", parts) if index == len(values) else None
+
+    def _format(self, text: str, call: ast.Call) -> Optional[Message]:
+        keywords = {k.arg: k.value for k in call.keywords if k.arg}
+        parts, auto = [], 0
+        for literal, field_name, spec, conversion in string.Formatter().parse(text):
+            _append_text(parts, literal)
+            if field_name is None:
+                continue
+            if field_name == "":
+                field_name, auto = str(auto), auto + 1
+            key = re.match(r"\w+", field_name).group(0)
+            if key.isdigit():
+                if int(key) >= len(call.args):
+                    return None
+                expr = call.args[int(key)]
+            elif key in keywords:
+                expr = keywords[key]
+            else:
+                return None
+            parts.append(self._placeholder(expr, conversion, spec or None))
+        return Message("format", parts)
+
+
+def _is_str(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _append_text(parts: list, text: str) -> None:
+    if not text:
+        return
+    if parts and isinstance(parts[-1], str):
+        parts[-1] += text
+    else:
+        parts.append(text)
+
+
+def _exception_name(node: ast.expr) -> Optional[str]:
+    """``ValueError`` for ``raise ValueError(...)``, ``raise ValueError`` or ``raise mod.ValueError(...)``."""
+    target = node.func if isinstance(node, ast.Call) else node
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    return None
+
+
+def catalogued_classes(trees: dict[str, ast.Module]) -> set[str]:
+    """The catalogued built-in types plus every class of the trees deriving from one (transitively)."""
+    bases = {}
+    for module in trees.values():
+        for node in ast.walk(module):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = {_exception_name(b) for b in node.bases}
+    known = set(CATALOGUED_TYPES)
+    grew = True
+    while grew:
+        grew = False
+        for name, parents in bases.items():
+            if name not in known and parents & known:
+                known.add(name)
+                grew = True
+    return known
+
+
+class _SiteCollector(ast.NodeVisitor):
+    """Walks one module, keeping the qualified name of the enclosing function or class."""
+
+    def __init__(self, path: str, lines: list[str], types: set[str], constants: dict):
+        self.path, self.lines, self.types, self.constants = path, lines, types, constants
+        self.scope: list[ast.AST] = []
+        self.sites: list[RaiseSite] = []
+
+    def _enter(self, node):
+        self.scope.append(node)
+        self.generic_visit(node)
+        self.scope.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _enter
+
+    def _function(self):
+        return next((n for n in reversed(self.scope) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
+                    None)
+
+    def visit_Raise(self, node: ast.Raise) -> None:
+        name = _exception_name(node.exc) if node.exc is not None else None
+        if name not in self.types:
+            return
+        function = self._function()
+        call = node.exc if isinstance(node.exc, ast.Call) else None
+        arg = call.args[0] if call is not None and call.args else None
+        reader = _MessageReader(_annotations(function), _assignments(function), self.constants)
+        message = reader.read(arg, node.lineno)
+        first = function.lineno if function is not None else 1
+        last = function.end_lineno if function is not None else len(self.lines)
+        start = max(first, node.lineno - EXCERPT_BEFORE)
+        end = min(last, node.end_lineno + EXCERPT_AFTER)
+        self.sites.append(RaiseSite(
+            path=self.path,
+            line=node.lineno,
+            end_line=node.end_lineno,
+            function=".".join(n.name for n in self.scope) or "<module>",
+            exception=name,
+            message=message,
+            excerpt_start=start,
+            excerpt_text="\n".join(self.lines[start - 1:end]),
+        ))
+
+
+def module_constants(module: ast.Module) -> dict:
+    """Module-level ``NAME = <literal>`` assignments (names in upper case, assigned once)."""
+    found, seen = {}, set()
+    for node in module.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            target = node.target
+        if not isinstance(target, ast.Name) or not target.id.isupper():
+            continue
+        if target.id in seen:
+            found.pop(target.id, None)
+            continue
+        seen.add(target.id)
+        try:
+            found[target.id] = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    return found
+
+
+def _annotations(function) -> dict:
+    if function is None:
+        return {}
+    args = function.args
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    return {a.arg: ast.unparse(a.annotation) for a in every if a.annotation is not None}
+
+
+def _assignments(function) -> dict:
+    found: dict = {}
+    if function is None:
+        return found
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            found.setdefault(node.targets[0].id, []).append((node.lineno, node.value))
+    for values in found.values():
+        values.sort(key=lambda item: item[0])
+    return found
+
+
+def python_files(root: Path, folders: Optional[list[str]] = None) -> Iterator[Path]:
+    """``*.py`` files under ``root`` (or under the given sub-folders), sorted, skipping build folders."""
+    starts = [root / f for f in folders] if folders else [root]
+    for start in starts:
+        if start.is_file():
+            yield start
+            continue
+        for path in sorted(start.rglob("*.py")):
+            if not SKIPPED_DIRS & set(path.relative_to(root).parts[:-1]):
+                yield path
+
+
+def scan(root: Path, folders: Optional[list[str]] = None) -> tuple[list[RaiseSite], list[str]]:
+    """All raise sites under ``root`` (optionally only in ``folders``), sorted by path and line.
+
+    Returns ``(sites, problems)``; ``problems`` names files that could not be read or parsed.
+    """
+    root = Path(root)
+    trees, sources, problems = {}, {}, []
+    for path in python_files(root, folders):
+        rel = path.relative_to(root).as_posix() if path != root else path.name
+        try:
+            text = path.read_text(encoding="utf-8")
+            trees[rel] = ast.parse(text, filename=str(path))
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+            problems.append(f"{rel}: not scanned ({type(exc).__name__}: {exc})")
+            continue
+        sources[rel] = text.splitlines()
+    types = catalogued_classes(trees)
+    sites = []
+    for rel, module in trees.items():
+        collector = _SiteCollector(rel, sources[rel], types, module_constants(module))
+        collector.visit(module)
+        sites.extend(collector.sites)
+    sites.sort(key=lambda s: (s.path, s.line))
+    return sites, problems

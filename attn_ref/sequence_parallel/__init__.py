@@ -1,0 +1,45 @@
+"""Sequence-parallel attention on ``torch.distributed``: Ulysses, K/V gather, ring, USP.
+
+Layout ``[batch, seq, heads, head_dim]`` everywhere. Each rank holds a shard of the sequence
+(:func:`shard_sequence`); the schemes exchange tensors so that every rank's output equals
+single-device attention over the whole sequence for its tokens. Replicated (text) tokens that every
+rank holds whole are counted once.
+
+* :class:`UlyssesAttention`: sglang's all-to-all (sequence <-> heads) and K/V-gather modes.
+* :class:`USPAttention`: Ulysses inside groups x ring across them, zigzag load balancing for causal.
+* :func:`ring_attention`: the ring on its own, with the stable fp32 LSE merge.
+* Collectives: :func:`all_to_all_4d`, :func:`all_gather`, :class:`RingExchange`.
+* :func:`init_sequence_parallel_groups` / :class:`SequenceParallelGroups`: the group layout.
+* :func:`launch`: run a function on N local ranks (gloo on CPU, NCCL on GPUs).
+
+The local attention and the merge are a parameter (:class:`AttentionBackend`): these classes use the
+PyTorch reference; :mod:`kernels.sequence_parallel` has the same classes on the Triton kernels.
+"""
+
+from .backend import REFERENCE_BACKEND, AttentionBackend
+from .comm import RingExchange, all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
+from .groups import SequenceParallelGroups, init_sequence_parallel_groups
+from .launch import launch
+from .layout import shard_positions, shard_sequence, unshard_sequence
+from .ring import ring_attention
+from .ulysses import UlyssesAttention
+from .usp import USPAttention
+
+__all__ = [
+    "REFERENCE_BACKEND",
+    "AttentionBackend",
+    "RingExchange",
+    "SequenceParallelGroups",
+    "USPAttention",
+    "UlyssesAttention",
+    "all_gather",
+    "all_to_all_4d",
+    "all_to_all_4d_packed",
+    "heads_of_rank",
+    "init_sequence_parallel_groups",
+    "launch",
+    "ring_attention",
+    "shard_positions",
+    "shard_sequence",
+    "unshard_sequence",
+]

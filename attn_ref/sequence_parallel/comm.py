@@ -1,0 +1,164 @@
+"""The three collectives of sequence parallelism, on ``torch.distributed`` process groups.
+
+Layout ``[B, S, H, D]`` (batch, sequence, heads, head_dim). ``group=None``, or a group of one rank,
+is the identity and needs no initialised ``torch.distributed``.
+
+* :func:`all_to_all_4d`: sequence shards <-> head shards (Ulysses). ``scatter_dim=2, gather_dim=1``
+  turns "rank r holds tokens block r, all heads" into "rank r holds all tokens, heads block r";
+  ``scatter_dim=1, gather_dim=2`` is the exact inverse. Pure data movement: a round trip returns the
+  input bit for bit.
+* :func:`all_gather`: concatenate every rank's tensor along a dim, in rank order (K/V gather, and
+  the heads of replicated outputs).
+* :class:`RingExchange`: send a tensor to the next rank of a ring and receive the previous rank's,
+  with ``batch_isend_irecv`` (grouped, so two neighbours never deadlock on each other), started
+  before and waited after the compute it overlaps.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .checks import check_all_to_all_4d, check_gather_dim
+
+
+def group_size(group: Optional[dist.ProcessGroup]) -> int:
+    """Number of ranks in ``group`` (1 for None)."""
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group: Optional[dist.ProcessGroup]) -> int:
+    """This rank's index in ``group`` (0 for None)."""
+    return 0 if group is None else dist.get_rank(group)
+
+
+def heads_of_rank(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """Heads ``[rank·H/P, (rank+1)·H/P)`` of ``x [B, S, H, D]``: the block an all-to-all gives ``rank``.
+
+    For tokens every rank already holds (replicated), no collective is needed to get them.
+    """
+    per_rank = x.shape[2] // world
+    return x[:, :, rank * per_rank:(rank + 1) * per_rank]
+
+
+def all_to_all_4d(
+    x: torch.Tensor,
+    scatter_dim: int = 2,
+    gather_dim: int = 1,
+    group: Optional[dist.ProcessGroup] = None,
+    seq_lens: Optional[Sequence[int]] = None,
+) -> torch.Tensor:
+    """Exchange sequence shards for head shards (``2 -> 1``) or back (``1 -> 2``) over ``group``.
+
+    With ``P`` ranks, rank ``r``, local length ``S_l`` (``seq_lens[i]`` on rank ``i`` when given,
+    else equal on every rank) and ``S = sum of the local lengths``:
+
+    * ``scatter_dim=2, gather_dim=1``: ``[B, S_l, H, D] -> [B, S, H/P, D]``. Rank ``r`` receives
+      heads ``[r·H/P, (r+1)·H/P)`` of every rank's tokens; rank ``i``'s tokens land at rows
+      ``[S_0 + ... + S_{i-1}, ... + S_i)`` (rank order).
+    * ``scatter_dim=1, gather_dim=2``: ``[B, S, H/P, D] -> [B, S_l, H, D]``, the inverse.
+
+    ``seq_lens`` (one local length per rank) allows unequal shards (varlen Ulysses).
+    """
+    world = group_size(group)
+    if world == 1:
+        return x  # upstream: identity before any check
+    rank = group_rank(group)
+    check_all_to_all_4d(x, scatter_dim, gather_dim, world, rank, seq_lens)
+    b, s, h, d = x.shape
+    if scatter_dim == 2:
+        lens = list(seq_lens) if seq_lens is not None else [s] * world
+        hp = h // world
+        # [B, S_l, H, D] -> [P, S_l, B, H/P, D]: the block for rank j is contiguous.
+        send = x.reshape(b, s, world, hp, d).permute(2, 1, 0, 3, 4).contiguous()
+        recv = torch.empty(sum(lens), b, hp, d, dtype=x.dtype, device=x.device)  # rank blocks in order
+        dist.all_to_all_single(
+            recv, send.reshape(world * s, b, hp, d),
+            output_split_sizes=lens, input_split_sizes=[s] * world, group=group,
+        )
+        return recv.permute(1, 0, 2, 3)  # [S, B, H/P, D] -> [B, S, H/P, D]
+    s_local = seq_lens[rank] if seq_lens is not None else s // world
+    lens = list(seq_lens) if seq_lens is not None else [s_local] * world
+    # [B, S, H/P, D] -> [S, B, H/P, D]: the rows for rank j are contiguous.
+    send = x.permute(1, 0, 2, 3).contiguous()
+    recv = torch.empty(world, s_local, b, h, d, dtype=x.dtype, device=x.device)  # [P, S_l, B, H/P, D]
+    dist.all_to_all_single(
+        recv.view(world * s_local, b, h, d), send,
+        output_split_sizes=[s_local] * world, input_split_sizes=lens, group=group,
+    )
+    # [P, S_l, B, H/P, D] -> [B, S_l, P, H/P, D] -> [B, S_l, H, D]: head block i came from rank i.
+    return recv.permute(2, 1, 0, 3, 4).reshape(b, s_local, world * h, d)
+
+
+def all_to_all_4d_packed(
+    tensors: Sequence[torch.Tensor],
+    scatter_dim: int = 2,
+    gather_dim: int = 1,
+    group: Optional[dist.ProcessGroup] = None,
+    seq_lens: Optional[Sequence[int]] = None,
+) -> list[torch.Tensor]:
+    """:func:`all_to_all_4d` of several tensors, those of equal shape and dtype in one collective.
+
+    Tensors of the same shape and dtype (q, k, v without GQA; k and v with it) are concatenated along
+    the batch dim, exchanged once and split again; the all-to-all treats batch rows independently.
+    """
+    results: list[Optional[torch.Tensor]] = [None] * len(tensors)
+    packs: dict[tuple, list[int]] = {}
+    for i, x in enumerate(tensors):
+        packs.setdefault((tuple(x.shape), x.dtype), []).append(i)
+    for indices in packs.values():
+        packed = torch.cat([tensors[i] for i in indices]) if len(indices) > 1 else tensors[indices[0]]
+        exchanged = all_to_all_4d(packed, scatter_dim, gather_dim, group, seq_lens)
+        for i, part in zip(indices, exchanged.chunk(len(indices))):
+            results[i] = part
+    return results
+
+
+def all_gather(x: torch.Tensor, dim: int = -1, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """Concatenate ``x`` of every rank of ``group`` along ``dim``, in rank order.
+
+    Every rank must pass the same shape; ``size[dim]`` grows ``P`` times and rank ``r``'s block sits
+    at ``[r·n, (r+1)·n)`` along ``dim``.
+    """
+    world = group_size(group)
+    if world == 1:
+        return x  # upstream: identity before the dim check
+    check_gather_dim(x, dim)
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=dim)
+
+
+class RingExchange:
+    """Pass a tensor one step around a ring: send to rank ``r + 1``, receive from rank ``r - 1``.
+
+    ``recv = exchange.start(x)`` posts the send and the receive and returns at once; ``recv`` is
+    valid after ``exchange.wait()``. Peers are addressed by their global rank, as
+    ``torch.distributed`` point-to-point calls require even inside a subgroup.
+    """
+
+    def __init__(self, group: dist.ProcessGroup):
+        size, rank = group_size(group), group_rank(group)
+        self.group = group
+        self.next_rank = dist.get_global_rank(group, (rank + 1) % size)
+        self.prev_rank = dist.get_global_rank(group, (rank - 1) % size)
+        self._requests: list = []
+
+    def start(self, x: torch.Tensor) -> torch.Tensor:
+        """Post ``send(x) -> next`` and ``recv <- prev``; returns the receive buffer."""
+        recv = torch.empty_like(x)
+        ops = [
+            dist.P2POp(dist.isend, x, self.next_rank, self.group),
+            dist.P2POp(dist.irecv, recv, self.prev_rank, self.group),
+        ]
+        self._requests = dist.batch_isend_irecv(ops)
+        return recv
+
+    def wait(self) -> None:
+        """Block until the posted send and receive are complete."""
+        for request in self._requests:
+            request.wait()
+        self._requests = []

@@ -1,0 +1,207 @@
+"""Ring attention: K/V blocks travel around a ring of ranks; partial states merge through the LSE.
+
+Each of the ``R`` ranks of a ring holds one block of queries and the matching block of keys/values
+(same heads, different tokens). At step ``t = 0..R-1`` rank ``r`` holds the K/V block of ring rank
+``s = (r - t) mod R``; it posts the exchange that passes this block on to ``r + 1`` (and receives
+``r - 1``'s), computes its queries against the block it holds, and folds the result into its
+running state with ⊕ (see :mod:`attn_ref.merge`)::
+
+    lse = logaddexp(lse_acc, lse_blk)
+    out = e^{lse_acc - lse} out_acc + e^{lse_blk - lse} out_blk        (fp32, stable: -inf rows stay 0)
+
+⊕ is associative and commutative, so after ``R`` steps every query has seen every key exactly once
+and the state equals single-device attention over the whole sequence.
+
+**Causal masks by chunk order.** A block is a list of :class:`Chunk` s, each a run of rows with a
+*position*: where that run sits in the global sequence. For queries of chunk ``a`` and keys of chunk
+``b``: ``b`` before ``a`` is fully visible, ``b == a`` is the diagonal (a causal square), ``b``
+after ``a`` is skipped. With contiguous blocks (chunk = rank) rank ``r`` computes ``r + 1`` of the
+``R`` steps, so the last rank does ``R`` times the work of the first. **Zigzag** balances it: rank
+``r`` holds chunks ``r`` and ``2R-1-r`` of ``2R``, and every step then costs the same half block
+(see :mod:`.layout`). Replicated (text) tokens are chunks at position ``-inf`` (a prefix) or ``+inf``
+(a suffix) that every rank holds, attended once and never rotated, so each is counted exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .backend import REFERENCE_BACKEND, AttentionBackend
+from .checks import check_4d, check_attention_inputs, check_tensors, check_zigzag_rows
+from .comm import RingExchange, group_rank, group_size
+
+#: Position of a replicated prefix / suffix chunk: before / after every sharded token.
+PREFIX_POSITION = float("-inf")
+SUFFIX_POSITION = float("inf")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows ``rows`` (dim 1) of a local tensor, holding the tokens of chunk ``position``."""
+
+    rows: slice
+    position: float
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One local attention call: query rows × key rows, causal (a diagonal square) or full."""
+
+    q_rows: slice
+    k_rows: slice
+    causal: bool
+
+
+def block_chunks(ring_rank: int, ring_size: int, rows: int, zigzag: bool, offset: int = 0) -> tuple[Chunk, ...]:
+    """The chunks of ring rank ``ring_rank``'s block of ``rows`` rows, starting at local row ``offset``.
+
+    Contiguous: one chunk at position ``ring_rank``. Zigzag: chunks ``ring_rank`` and
+    ``2·ring_size - 1 - ring_rank``, ``rows / 2`` rows each.
+    """
+    if not zigzag:
+        return (Chunk(slice(offset, offset + rows), ring_rank),)
+    half = rows // 2
+    return (
+        Chunk(slice(offset, offset + half), ring_rank),
+        Chunk(slice(offset + half, offset + rows), 2 * ring_size - 1 - ring_rank),
+    )
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: Optional[dist.ProcessGroup] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    zigzag: bool = False,
+    backend: AttentionBackend = REFERENCE_BACKEND,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of this rank's queries over the K/V of every rank of the ring ``group``.
+
+    Args:
+        q: ``[B, S, H, D]`` this rank's block of queries; k ``[B, S, Hkv, D]``, v ``[B, S, Hkv, Dv]``
+            the same tokens' keys and values (``H % Hkv == 0``). Every rank passes the same shapes.
+        group: the ring; None (or one rank) attends locally.
+        softmax_scale: default ``D ** -0.5``.
+        causal: causal over the global sequence, whose layout is given by ``zigzag``: rank ``r``
+            holds block ``r`` (contiguous), or chunks ``r`` and ``2R-1-r`` of ``2R`` (zigzag; ``S``
+            even). See :func:`attn_ref.sequence_parallel.shard_sequence`.
+        backend: local attention + merge (:data:`REFERENCE_BACKEND` or the kernels').
+
+    Returns:
+        ``out [B, S, H, Dv]`` in q's dtype and ``lse [B, S, H]`` fp32 (natural log), equal to
+        single-device attention of these rows over the whole sequence.
+    """
+    check_tensors(q=q, k=k, v=v)
+    check_4d(q=q, k=k, v=v)
+    check_attention_inputs(q, k, v)
+    if zigzag:
+        check_zigzag_rows(q.shape[1], "q's local sequence length")
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    size, rank, rows = group_size(group), group_rank(group), q.shape[1]
+    out, lse = ring_attention_states(
+        q, k, v, block_chunks(rank, size, rows, zigzag), lambda src: block_chunks(src, size, rows, zigzag),
+        group=group, backend=backend, softmax_scale=scale, causal=causal,
+    )
+    return out.to(q.dtype), lse
+
+
+def ring_attention_states(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_chunks: Sequence[Chunk],
+    kv_chunks: Callable[[int], Sequence[Chunk]],
+    *,
+    group: Optional[dist.ProcessGroup],
+    backend: AttentionBackend,
+    softmax_scale: float,
+    causal: bool,
+    fixed_kv: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[Chunk]]] = (),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ring loop (no argument checks; callers check first).
+
+    Args:
+        q: ``[B, Sq, H, D]`` local queries, laid out as ``q_chunks``.
+        k, v: ``[B, Sk, Hkv, D|Dv]`` this rank's K/V block, the one that rotates; ``kv_chunks(s)``
+            gives the chunks of ring rank ``s``'s block.
+        fixed_kv: ``(k, v, chunks)`` attended once, at step 0, and never sent (replicated tokens).
+
+    Returns:
+        fp32 ``out [B, Sq, H, Dv]`` and ``lse [B, Sq, H]``.
+    """
+    b, sq, h = q.shape[:3]
+    out = torch.zeros(b, sq, h, v.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.full((b, sq, h), float("-inf"), dtype=torch.float32, device=q.device)  # ⊕'s identity
+
+    def accumulate(k_blk: torch.Tensor, v_blk: torch.Tensor, k_chunks: Sequence[Chunk]) -> None:
+        for blk in _blocks(q_chunks, k_chunks, causal):
+            o, l = backend.attend(q[:, blk.q_rows], k_blk[:, blk.k_rows], v_blk[:, blk.k_rows], softmax_scale, blk.causal)
+            out[:, blk.q_rows], lse[:, blk.q_rows] = backend.merge(out[:, blk.q_rows], lse[:, blk.q_rows], o, l)
+
+    size, rank = group_size(group), group_rank(group)
+    exchange = RingExchange(group) if size > 1 else None
+    kv = torch.cat([k.reshape(-1), v.reshape(-1)])  # one message per step carries K and V
+    for step in range(size):
+        incoming = exchange.start(kv) if step < size - 1 else None  # overlaps the compute below
+        k_blk, v_blk = kv[:k.numel()].view(k.shape), kv[k.numel():].view(v.shape)
+        accumulate(k_blk, v_blk, kv_chunks((rank - step) % size))
+        if step == 0:
+            for k_fixed, v_fixed, chunks in fixed_kv:
+                accumulate(k_fixed, v_fixed, chunks)
+        if incoming is not None:
+            exchange.wait()
+            kv = incoming
+    return out, lse
+
+
+def _blocks(q_chunks: Sequence[Chunk], k_chunks: Sequence[Chunk], causal: bool) -> list[_Block]:
+    """The local attention calls for queries ``q_chunks`` over keys ``k_chunks``.
+
+    A key chunk after the query chunk is skipped (causal), the same chunk is a causal square, an
+    earlier one (or any, without causal) is fully visible; adjacent fully visible pairs are merged
+    into one call.
+    """
+    blocks = [
+        _Block(qc.rows, kc.rows, causal and kc.position == qc.position)
+        for qc in q_chunks
+        for kc in k_chunks
+        if not (causal and kc.position > qc.position)
+    ]
+    return sorted(_coalesce(blocks), key=lambda blk: (blk.q_rows.start, blk.k_rows.start))
+
+
+def _coalesce(blocks: list[_Block]) -> list[_Block]:
+    """Merge full (non-causal) blocks that share their query rows or key rows and touch."""
+    while True:
+        for a, b in combinations(blocks, 2):
+            joined = _join(a, b)
+            if joined is not None:
+                blocks = [blk for blk in blocks if blk is not a and blk is not b] + [joined]
+                break
+        else:
+            return blocks
+
+
+def _join(a: _Block, b: _Block) -> Optional[_Block]:
+    if a.causal or b.causal:
+        return None
+    if a.q_rows == b.q_rows and _touching(a.k_rows, b.k_rows):
+        return _Block(a.q_rows, _union(a.k_rows, b.k_rows), False)
+    if a.k_rows == b.k_rows and _touching(a.q_rows, b.q_rows):
+        return _Block(_union(a.q_rows, b.q_rows), a.k_rows, False)
+    return None
+
+
+def _touching(x: slice, y: slice) -> bool:
+    return x.stop == y.start or y.stop == x.start
+
+
+def _union(x: slice, y: slice) -> slice:
+    return slice(min(x.start, y.start), max(x.stop, y.stop))

@@ -1,0 +1,176 @@
+"""``UlyssesAttention``: sglang's sequence-parallel attention over one SP group, in two modes.
+
+Each of the ``P`` ranks holds ``S_l`` tokens of the sequence (``[B, S_l, H, D]``, rank order) and,
+optionally, replicated tokens every rank holds whole (``replicated_q/k/v [B, S_r, H|Hkv, D]``, e.g.
+the text of a text-to-image model). The result equals single-device attention over the sequence
+``[shard_0, ..., shard_{P-1}, replicated]``: the replicated tokens act as a **suffix**, counted once.
+
+* **Ulysses** (``sp_attention_mode="ulysses"``): an all-to-all turns sequence shards into head
+  shards, ``[B, S_l, H, D] -> [B, P·S_l, H/P, D]``; each rank attends the whole sequence for its
+  ``H/P`` heads (attention never mixes heads, so this is exact), with its slice of the replicated
+  heads appended as a suffix; the inverse all-to-all brings the output back to
+  ``[B, S_l, H, D]``, and an all-gather over heads rebuilds the replicated output ``[B, S_r, H, D]``
+  on every rank. Needs ``H % P == 0`` and ``Hkv % P == 0``; supports ``causal`` and ``seq_lens``
+  (unequal local lengths).
+* **K/V gather** (``"kv_gather"``): all-gather K and V along the sequence, ``[B, P·S_l, Hkv, D]``,
+  append the replicated K/V as a suffix, and attend the local queries (plus the replicated ones)
+  over all of it. No head divisibility and no output collective: the replicated output is computed,
+  whole, on every rank. Like sglang it refuses ``causal`` and ``seq_lens``.
+* ``"auto"``: K/V gather where it can serve the call, Ulysses otherwise (causal modules, varlen
+  calls), like sglang's ``sp_split_auto``.
+
+Ring parallelism is refused (sglang: the all-to-all spans the combined group); use
+:class:`USPAttention` for Ulysses x ring.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .backend import REFERENCE_BACKEND, AttentionBackend
+from .checks import (
+    check_4d,
+    check_attention_inputs,
+    check_declared_heads,
+    check_head_config,
+    check_heads_divisible,
+    check_kv_gather_call,
+    check_local_seq_len,
+    check_replicated_shapes,
+    check_seq_lens,
+    check_sp_attention_mode,
+    check_tensors,
+    check_ulysses_call,
+    check_ulysses_only,
+)
+from .comm import all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
+from .groups import SequenceParallelGroups
+
+
+class UlyssesAttention(torch.nn.Module):
+    """Sequence-parallel attention over ``groups.sp_group`` (see the module docstring).
+
+    Args:
+        num_heads, head_size: query heads ``H`` and head dim ``D``.
+        num_kv_heads: ``Hkv`` (default ``H``; ``H % Hkv == 0``, GQA).
+        softmax_scale: default ``head_size ** -0.5``.
+        causal: causal attention over the global sequence (Ulysses mode only).
+        sp_attention_mode: ``"ulysses"``, ``"kv_gather"`` or ``"auto"``.
+        groups: the SP layout (:func:`init_sequence_parallel_groups`); default: Ulysses over the
+            whole default group, or a single rank without ``torch.distributed``.
+    """
+
+    #: Local attention + merge; :mod:`kernels.sequence_parallel` rebinds it to the Triton kernels.
+    backend: AttentionBackend = REFERENCE_BACKEND
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        num_kv_heads: Optional[int] = None,
+        softmax_scale: Optional[float] = None,
+        causal: bool = False,
+        *,
+        sp_attention_mode: str = "ulysses",
+        groups: Optional[SequenceParallelGroups] = None,
+    ):
+        super().__init__()
+        groups = SequenceParallelGroups.from_world() if groups is None else groups
+        check_ulysses_only(groups.ring_degree)
+        check_sp_attention_mode(sp_attention_mode, causal)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_head_config(num_heads, head_size, num_kv_heads, softmax_scale)
+        self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
+        self.softmax_scale = head_size ** -0.5 if softmax_scale is None else softmax_scale
+        self.causal = causal
+        self.groups = groups
+        # sglang's (mode, is_auto): a causal module cannot use the gather, so auto means Ulysses.
+        self.sp_attention_mode = "ulysses" if sp_attention_mode == "auto" and causal else sp_attention_mode
+        self.sp_attention_mode_is_auto = sp_attention_mode == "auto"
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        replicated_q: Optional[torch.Tensor] = None,
+        replicated_k: Optional[torch.Tensor] = None,
+        replicated_v: Optional[torch.Tensor] = None,
+        seq_lens: Optional[Sequence[int]] = None,
+        *,
+        return_softmax_lse: bool = False,
+    ):
+        """Attention of this rank's tokens (and the replicated ones) over the whole sequence.
+
+        Args:
+            q: ``[B, S_l, H, D]``; k, v: ``[B, S_l, Hkv, D]``: this rank's shard (rank order).
+            replicated_q, replicated_k, replicated_v: ``[B, S_r, H|Hkv, D]`` tokens every rank holds
+                whole (a suffix of the sequence); all three or none.
+            seq_lens: the local length ``S_l`` of every rank (unequal shards, Ulysses mode).
+            return_softmax_lse: also return the LSEs (fp32, ``[B, S_l, H]`` / ``[B, S_r, H]``).
+
+        Returns:
+            ``(out [B, S_l, H, D], replicated_out [B, S_r, H, D] or None)``, with
+            ``(..., lse, replicated_lse)`` appended when ``return_softmax_lse``.
+        """
+        check_tensors(q=q, k=k, v=v)
+        check_4d(q=q, k=k, v=v)
+        if self.sp_attention_mode == "kv_gather" and not (self.sp_attention_mode_is_auto and seq_lens is not None):
+            replicated = check_kv_gather_call(seq_lens, replicated_q, replicated_k, replicated_v)
+            self._check_shapes(q, k, v, replicated_q, replicated_k, replicated_v, replicated)
+            results = self._forward_with_kv_gather(q, k, v, replicated_q, replicated_k, replicated_v)
+        else:
+            replicated = check_ulysses_call(seq_lens, replicated_q, replicated_k, replicated_v)
+            self._check_shapes(q, k, v, replicated_q, replicated_k, replicated_v, replicated)
+            check_heads_divisible(self.num_heads, self.num_kv_heads, self.groups.sp_size, "sequence parallel world size")
+            if seq_lens is not None:
+                seq_lens = check_seq_lens(seq_lens, self.groups.sp_size)
+                check_local_seq_len(q, seq_lens, self.groups.sp_rank)
+            results = self._forward_ulysses(q, k, v, replicated_q, replicated_k, replicated_v, seq_lens)
+        return results if return_softmax_lse else results[:2]
+
+    def _check_shapes(self, q, k, v, replicated_q, replicated_k, replicated_v, replicated: bool) -> None:
+        check_attention_inputs(q, k, v)
+        check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)
+        if replicated:
+            check_replicated_shapes(replicated_q, replicated_k, replicated_v, q, k, v)
+
+    def _forward_ulysses(self, q, k, v, replicated_q, replicated_k, replicated_v, seq_lens):
+        group, world, rank = self.groups.sp_group, self.groups.sp_size, self.groups.sp_rank
+        # [B, S_l, H, D] -> [B, S, H/P, D]: all tokens, this rank's heads.
+        q, k, v = all_to_all_4d_packed([q, k, v], 2, 1, group, seq_lens)
+        seq = q.shape[1]
+        if replicated_q is not None:
+            # The replicated tokens: this rank's heads, appended as a suffix (never all-to-all'ed).
+            q = torch.cat([q, heads_of_rank(replicated_q, rank, world)], dim=1)
+            k = torch.cat([k, heads_of_rank(replicated_k, rank, world)], dim=1)
+            v = torch.cat([v, heads_of_rank(replicated_v, rank, world)], dim=1)
+        out, lse = self.backend.attend(q, k, v, self.softmax_scale, self.causal)
+        replicated_out = replicated_lse = None
+        if replicated_q is not None:
+            # [B, S_r, H/P, D] -> [B, S_r, H, D] on every rank: an all-gather over heads.
+            replicated_out = all_gather(out[:, seq:].contiguous(), dim=2, group=group)
+            replicated_lse = all_gather(lse[:, seq:].contiguous(), dim=2, group=group)
+        # [B, S, H/P, D] -> [B, S_l, H, D]: back to this rank's tokens, all heads.
+        out = all_to_all_4d(out[:, :seq].contiguous(), 1, 2, group, seq_lens)
+        lse = all_to_all_4d(lse[:, :seq, :, None].contiguous(), 1, 2, group, seq_lens)[..., 0]
+        return out, replicated_out, lse, replicated_lse
+
+    def _forward_with_kv_gather(self, q, k, v, replicated_q, replicated_k, replicated_v):
+        group = self.groups.sp_group
+        # [B, S_l, Hkv, D] -> [B, P·S_l, Hkv, D]: every rank's keys and values, in rank order.
+        if k.shape == v.shape:
+            k, v = all_gather(torch.stack([k, v]), dim=2, group=group).unbind(0)
+        else:
+            k, v = all_gather(k, dim=1, group=group), all_gather(v, dim=1, group=group)
+        local_len = q.shape[1]
+        if replicated_q is not None:
+            q = torch.cat([q, replicated_q], dim=1)
+            k = torch.cat([k, replicated_k], dim=1)
+            v = torch.cat([v, replicated_v], dim=1)
+        out, lse = self.backend.attend(q, k, v, self.softmax_scale, False)
+        if replicated_q is None:
+            return out, None, lse, None
+        return out[:, :local_len], out[:, local_len:], lse[:, :local_len], lse[:, local_len:]

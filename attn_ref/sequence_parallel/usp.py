@@ -1,0 +1,197 @@
+"""``USPAttention``: Ulysses inside a group of ``U`` ranks x ring across ``R`` such groups.
+
+With the groups of :mod:`.groups` (Ulysses contiguous, ring strided) and the token layout of
+:mod:`.layout`, SP rank ``(g, u)`` holds part ``u`` of ring block ``g``. One call:
+
+1. **All-to-all in** over the Ulysses group: ``[B, S_l, H, D] -> [B, U·S_l, H/U, D]``. Member ``u``
+   now holds the whole ring block ``g`` for heads ``[u·H/U, (u+1)·H/U)``, and its ring peers
+   (same ``u``, other ``g``) hold the same heads of the other blocks: the ring's precondition.
+2. **Ring attention** over the ring group (``R > 1``, :mod:`.ring`, contiguous or zigzag blocks),
+   or one local call (``R == 1``).
+3. **All-to-all out**: ``[B, U·S_l, H/U, D] -> [B, S_l, H, D]``.
+
+Constraints: ``H % U == 0`` and ``Hkv % U == 0`` (not ``% (U·R)``: the ring lets ``P`` exceed the
+head count); equal shapes on every rank.
+
+**Replicated tokens** (one mode per call), counted once, as part of the rows of q/k/v that every
+rank holds identically:
+
+* ``num_replicated_prefix = n``: the first ``n`` rows of q, k, v (a text prefix);
+* ``num_replicated_suffix = n``: the last ``n`` rows of q, k, v;
+* ``num_replicated_kv_prefix = n``: ``n`` extra first rows of k and v only (cached text K/V; q has
+  no replicated rows).
+
+They skip the all-to-all; each rank takes its heads' slice, attends them once (never rotated in the
+ring: their K/V state is merged in through ⊕), and the replicated output is rebuilt over heads with
+an all-gather in the Ulysses group. The result equals single-device attention over
+``[prefix, shard_0, ..., shard_{P-1}]`` (or ``[shards..., suffix]``), causal or not.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .backend import REFERENCE_BACKEND, AttentionBackend
+from .checks import (
+    check_4d,
+    check_attention_inputs,
+    check_declared_heads,
+    check_head_config,
+    check_heads_divisible,
+    check_replicated_fits,
+    check_replicated_modes,
+    check_tensors,
+    check_zigzag_rows,
+)
+from .comm import all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
+from .groups import SequenceParallelGroups
+from .ring import PREFIX_POSITION, SUFFIX_POSITION, Chunk, block_chunks, ring_attention_states
+
+
+class USPAttention(torch.nn.Module):
+    """Unified sequence parallelism (Ulysses x ring), see the module docstring.
+
+    Args:
+        num_heads, head_size: query heads ``H`` and head dim ``D``.
+        num_kv_heads: ``Hkv`` (default ``H``; ``H % Hkv == 0``, GQA).
+        softmax_scale: default ``head_size ** -0.5``.
+        causal: causal attention over the global sequence.
+        groups: the SP layout (:func:`init_sequence_parallel_groups`); default: Ulysses over the
+            whole default group (``R = 1``), or a single rank without ``torch.distributed``.
+        zigzag: the tokens are sharded zigzag (:func:`shard_sequence` with ``zigzag=True``), which
+            balances the causal ring; otherwise contiguous.
+    """
+
+    #: Local attention + merge; :mod:`kernels.sequence_parallel` rebinds it to the Triton kernels.
+    backend: AttentionBackend = REFERENCE_BACKEND
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        num_kv_heads: Optional[int] = None,
+        softmax_scale: Optional[float] = None,
+        causal: bool = False,
+        *,
+        groups: Optional[SequenceParallelGroups] = None,
+        zigzag: bool = False,
+    ):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_head_config(num_heads, head_size, num_kv_heads, softmax_scale)
+        self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
+        self.softmax_scale = head_size ** -0.5 if softmax_scale is None else softmax_scale
+        self.causal = causal
+        self.groups = SequenceParallelGroups.from_world() if groups is None else groups
+        self.zigzag = zigzag
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        num_replicated_prefix: int = 0,
+        num_replicated_suffix: int = 0,
+        num_replicated_kv_prefix: int = 0,
+        *,
+        return_softmax_lse: bool = False,
+    ):
+        """Attention of this rank's rows of q over the whole sequence.
+
+        Args:
+            q: ``[B, S, H, D]``; k, v: ``[B, S + num_replicated_kv_prefix, Hkv, D]``: this rank's
+                shard, with the replicated rows (if any) at the start or the end.
+            num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix: see the module
+                docstring; at most one is non-zero.
+            return_softmax_lse: also return the LSE ``[B, S, H]`` (fp32).
+
+        Returns:
+            ``out [B, S, H, D]`` in q's dtype (and ``lse`` when asked).
+        """
+        check_tensors(q=q, k=k, v=v)
+        check_4d(q=q, k=k, v=v)
+        check_replicated_modes(num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
+        check_attention_inputs(q, k, v, kv_extra_rows=num_replicated_kv_prefix)
+        check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)
+        if num_replicated_prefix:
+            check_replicated_fits("num_replicated_prefix", num_replicated_prefix, q.shape[1])
+        if num_replicated_suffix:
+            check_replicated_fits("num_replicated_suffix", num_replicated_suffix, q.shape[1])
+        u_degree = self.groups.ulysses_degree
+        check_heads_divisible(self.num_heads, self.num_kv_heads, u_degree, "Ulysses degree")
+        q_rep_rows = num_replicated_prefix + num_replicated_suffix
+        if self.zigzag:
+            check_zigzag_rows(u_degree * (q.shape[1] - q_rep_rows), "ulysses_degree x sharded rows per rank")
+
+        position = SUFFIX_POSITION if num_replicated_suffix else PREFIX_POSITION
+        q_rep, q_shard = _split_replicated(q, q_rep_rows, position)
+        (k_rep, k_shard), (v_rep, v_shard) = (
+            _split_replicated(x, q_rep_rows + num_replicated_kv_prefix, position) for x in (k, v)
+        )
+        group = self.groups.ulysses_group
+        # [B, S_l, H, D] -> [B, U·S_l, H/U, D]: the ring block, this rank's heads.
+        q_shard, k_shard, v_shard = all_to_all_4d_packed([q_shard, k_shard, v_shard], 2, 1, group)
+        u_rank = self.groups.ulysses_rank
+        q_rep, k_rep, v_rep = (heads_of_rank(x, u_rank, u_degree) for x in (q_rep, k_rep, v_rep))
+
+        out, lse = self._attend(q_rep, q_shard, k_rep, k_shard, v_rep, v_shard, position)
+        out = out.to(q.dtype)
+        rep_rows, shard_rows = _replicated_rows(q_rep.shape[1], q_shard.shape[1], position)
+        # [B, U·S_l, H/U, D] -> [B, S_l, H, D], and the replicated rows' heads from the Ulysses group.
+        out = _heads_to_tokens(out, rep_rows, shard_rows, position, group)
+        if not return_softmax_lse:
+            return out
+        return out, _heads_to_tokens(lse[..., None], rep_rows, shard_rows, position, group)[..., 0]
+
+    def _attend(self, q_rep, q_shard, k_rep, k_shard, v_rep, v_shard, position):
+        """State ``(out, lse)`` of ``[q_rep, q_shard]`` (in sequence order) over the whole sequence."""
+        q = _join_replicated(q_rep, q_shard, position)
+        if self.groups.ring_degree == 1:
+            # One call: the K/V of the ring block and the replicated tokens, in sequence order.
+            k, v = _join_replicated(k_rep, k_shard, position), _join_replicated(v_rep, v_shard, position)
+            return self.backend.attend(q, k, v, self.softmax_scale, self.causal)
+        ring_size, ring_rank, rows = self.groups.ring_degree, self.groups.ring_rank, q_shard.shape[1]
+        rep_rows, shard_rows = _replicated_rows(q_rep.shape[1], rows, position)
+        q_chunks = block_chunks(ring_rank, ring_size, rows, self.zigzag, offset=shard_rows.start)
+        if q_rep.shape[1]:
+            q_chunks += (Chunk(rep_rows, position),)
+        fixed_kv = [(k_rep, v_rep, (Chunk(slice(0, k_rep.shape[1]), position),))] if k_rep.shape[1] else []
+        return ring_attention_states(
+            q, k_shard, v_shard, q_chunks, lambda src: block_chunks(src, ring_size, rows, self.zigzag),
+            group=self.groups.ring_group, backend=self.backend, softmax_scale=self.softmax_scale,
+            causal=self.causal, fixed_kv=fixed_kv,
+        )
+
+
+def _heads_to_tokens(x, rep_rows: slice, shard_rows: slice, position: float, group) -> torch.Tensor:
+    """``[B, rows, H/U, ...]`` of this rank's heads -> ``[B, S, H, ...]`` of this rank's tokens.
+
+    Sharded rows take the inverse all-to-all; replicated rows (if any) all-gather their heads.
+    """
+    shard = all_to_all_4d(x[:, shard_rows].contiguous(), 1, 2, group)
+    if rep_rows.stop == rep_rows.start:
+        return shard
+    return _join_replicated(all_gather(x[:, rep_rows].contiguous(), dim=2, group=group), shard, position)
+
+
+def _split_replicated(x: torch.Tensor, n: int, position: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(replicated rows, sharded rows)`` of ``x``: the first ``n`` rows (prefix) or the last (suffix)."""
+    if position == PREFIX_POSITION:
+        return x[:, :n], x[:, n:]
+    return x[:, x.shape[1] - n:], x[:, :x.shape[1] - n]
+
+
+def _replicated_rows(n_rep: int, n_shard: int, position: float) -> tuple[slice, slice]:
+    """Rows of the replicated and the sharded tokens in ``[rep, shard]`` (prefix) or ``[shard, rep]``."""
+    if position == PREFIX_POSITION:
+        return slice(0, n_rep), slice(n_rep, n_rep + n_shard)
+    return slice(n_shard, n_shard + n_rep), slice(0, n_shard)
+
+
+def _join_replicated(rep: torch.Tensor, shard: torch.Tensor, position: float) -> torch.Tensor:
+    """Concatenate along the sequence in sequence order."""
+    parts = [rep, shard] if position == PREFIX_POSITION else [shard, rep]
+    return torch.cat(parts, dim=1)
+

@@ -15,6 +15,8 @@ from typing import Optional, Union
 
 import torch
 
+from errors.notes import catalogued
+
 from .attention import attention_with_lse
 from .merge import merge_attention_states
 from .paged import gather_cache, scatter_cache
@@ -23,6 +25,7 @@ from .splits import split_bounds
 from .validation import KVCacheCall, check_kvcache_args
 
 
+@catalogued
 def flash_attn_with_kvcache(
     q,
     k_cache,

@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
-from mkdocs.structure.files import File
+from mkdocs.structure.files import File, InclusionLevel
 
 SECTION = "Errors"
 AFTER = "Benchmarks"
@@ -178,5 +178,6 @@ def on_files(files, config):
     for src_uri, content in generated.items():
         if files.get_file_from_path(src_uri) is not None:
             raise PluginError(f"error pages: docs/{src_uri} exists; the catalog pages are generated, remove it")
-        files.append(File.generated(config, src_uri, content=content))
+        # Entry pages are reached from the index, not from the nav.
+        files.append(File.generated(config, src_uri, content=content, inclusion=InclusionLevel.NOT_IN_NAV))
     return files

@@ -83,8 +83,9 @@ def entry_page(entry: dict, by_id: dict) -> str:
     if entry["status"] == "removed":
         lines += ['!!! note "No longer raised"', "", _indent(entry["removed_note"]), ""]
     lines += ["## Error message", "", _fence(message["template"], "text"), ""]
-    if message["placeholders"]:
-        lines += ["Placeholders: " + ", ".join(f"`{{{p['name']}}}` is `{p['expr']}`" for p in message["placeholders"]) + ".", ""]
+    renamed = [p for p in message["placeholders"] if p["expr"] != p["name"]]
+    if renamed:
+        lines += ["Placeholders: " + ", ".join(f"`{{{p['name']}}}` is `{p['expr']}`" for p in renamed) + ".", ""]
     lines += ["## What it means", "", entry["what_it_means"].rstrip(), "",
               "## When it happens", "", when["trigger"].rstrip(), ""]
     lines += [f"* {situation}" for situation in when["common_situations"]] + [""]
@@ -122,6 +123,12 @@ def entry_page(entry: dict, by_id: dict) -> str:
     return "\n".join(lines)
 
 
+def _table(entries: list[dict]) -> list[str]:
+    rows = [f"| {_cell(e['message']['template'])} | {e['exception']['type']} | `{e['area']}` | [{e['slug']}]({e['id']}.md) |"
+            for e in sorted(entries, key=lambda e: e["message"]["template"])]
+    return ["| Message | Type | Area | Entry |", "|---|---|---|---|", *rows, ""]
+
+
 def index_page(catalog: dict) -> str:
     lines = [
         "# Error catalog", "",
@@ -138,15 +145,12 @@ def index_page(catalog: dict) -> str:
         "`api/errors/<id>.json` holds one entry exactly as in `errors/catalog.json`, and "
         "[`api/errors/schema.json`](../api/errors/schema.json) is its JSON Schema.", "",
     ]
-    for status, heading in (("active", "Errors"), ("removed", "No longer raised")):
-        entries = sorted((e for e in catalog["errors"] if e["status"] == status),
-                         key=lambda e: (e["area"], e["message"]["template"]))
-        if not entries:
-            continue
-        lines += [f"## {heading}", "", "| Message | Type | Area | Entry |", "|---|---|---|---|"]
-        lines += [f"| {_cell(e['message']['template'])} | `{e['exception']['type']}` | `{e['area']}` | "
-                  f"[{e['slug']}]({e['id']}.md) |" for e in entries]
-        lines.append("")
+    active = [e for e in catalog["errors"] if e["status"] == "active"]
+    for area in sorted({e["area"] for e in active}):
+        lines += [f"## {area.replace('_', ' ').capitalize()}", ""] + _table([e for e in active if e["area"] == area])
+    removed = [e for e in catalog["errors"] if e["status"] == "removed"]
+    if removed:
+        lines += ["## No longer raised", ""] + _table(removed)
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -43,9 +43,11 @@ def problems(quick: bool) -> list[Problem]:
     return [decode(8, c) for c in contexts] + [prefill(1, s) for s in (512, 1024, 2048, 4096)]
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> Iterator[dict]:
+    """The case records, one at a time (a run stopped early keeps those already yielded)."""
     reps = 3 if quick else 7
-    return [measure(p, reps) for p in problems(quick)]
+    for problem in problems(quick):
+        yield measure(problem, reps)
 
 
 def measure(problem: Problem, reps: int) -> dict:

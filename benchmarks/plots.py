@@ -41,8 +41,13 @@ def _panels(device: str, suite: str, ceilings: dict) -> list[dict]:
     return [throughput, time_panel]
 
 
+def _case_order(case: dict) -> tuple:
+    shape = case["shape"]
+    return shape.get("seqlen_k", shape.get("rows", 0)), shape.get("batch", 0)
+
+
 def plot_suite(result: dict, suite: str, path: Path) -> None:
-    cases = [c for c in result["cases"] if c["suite"] == suite]
+    cases = sorted((c for c in result["cases"] if c["suite"] == suite), key=_case_order)
     providers = list(dict.fromkeys(name for c in cases for name in c["providers"]))
     panels = _panels(result["device"], suite, result.get("ceilings", {}))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False)

@@ -11,7 +11,9 @@ Measures one device's suites, prints the table and writes, under ``DIR`` (defaul
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,21 +31,38 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+class TimeLimit(BaseException):
+    """Raised by SIGTERM (``timeout`` in benchmarks/gpu_check.sh): the cases done so far are kept.
+
+    A ``BaseException``, so the suites' ``except Exception`` (a provider that fails) cannot swallow it."""
+
+
+def _raise_time_limit(signum, frame):
+    raise TimeLimit(f"stopped by signal {signum} (time limit)")
+
+
 def measure(device: str, quick: bool) -> dict:
     """Run one device's suites; returns the result document (see :mod:`benchmarks.record`)."""
     if device == "cuda":
-        from . import gpu
+        from . import gpu as suite
 
-        result = record.metadata("cuda", {"quick": quick, "timing": gpu.TIMING})
-        result["ceilings"] = gpu.ceilings()
-        result["cases"] = gpu.run(quick, result["ceilings"])
-        result["targets"] = gpu.targets(result["cases"])
+        result = record.metadata("cuda", {"quick": quick, "timing": suite.TIMING})
+        result["ceilings"] = suite.ceilings()
+        cases = suite.run(quick, result["ceilings"])
     else:
-        from . import cpu
+        from . import cpu as suite
 
-        result = record.metadata("cpu", {"quick": quick, "timing": cpu.TIMING, "memory": cpu.MEMORY})
-        result["cases"] = cpu.run(quick)
-        result["targets"] = cpu.targets(result["cases"])
+        result = record.metadata("cpu", {"quick": quick, "timing": suite.TIMING, "memory": suite.MEMORY})
+        cases = suite.run(quick)
+    result["cases"] = []
+    start = time.perf_counter()
+    try:
+        for case in cases:
+            result["cases"].append(case)
+            print(f"[{time.perf_counter() - start:6.1f} s] {case['suite']} {case['label']}", flush=True)
+    except TimeLimit as stop:
+        result["settings"]["stopped_early"] = str(stop)
+    result["targets"] = suite.targets(result["cases"])
     record.finish(result)
     return result
 
@@ -61,6 +80,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device (interpreter timings are not benchmarks)")
+    signal.signal(signal.SIGTERM, _raise_time_limit)
     result = measure(args.device, args.quick)
     print(record.text_table(result))
     print(record.provenance(result))

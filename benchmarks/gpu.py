@@ -1,0 +1,322 @@
+"""GPU suite: ``kernels`` against torch SDPA (flash backend) and FlashAttention, on a CUDA device.
+
+Figures (counts in :mod:`benchmarks.problems`; TB = 1e12):
+
+* **decode**: achieved bandwidth ``bytes / time`` in TB/s and in % of the device-to-device copy
+  bandwidth measured in the same run (:func:`ceilings`); target >= 70 % for ``b * seqlen_k >= 64k``.
+* **prefill**: ``flops / time`` in TFLOP/s; target >= 0.8x SDPA's flash backend at 8k causal.
+* **combine**: ``kernels.merge_attention_states`` bandwidth, next to the PyTorch reference
+  ``attn_ref.merge_attention_states`` run eagerly on the same GPU.
+
+Providers see the same logical problem. ``kernels`` times the device work of
+``kernels.flash_attn_with_kvcache`` (its launches, as a CUDA graph captures them in a serving engine);
+``kernels_api`` the public call as a user makes it, whose validation reads the page table and the
+lengths on the host (a device sync, so it cannot be graph-captured). Both, and FA3 (same API), read the
+shuffled paged cache; SDPA reads K/V gathered into dense ``(b, h_k, sk, d)`` tensors ahead of time
+(``enable_gqa=True``; dense ``(b, h, sk, d)`` copies with the KV heads repeated if that backend
+refuses GQA; each provider's ``setup`` says which), with ``is_causal`` for prefill (``sq == sk``, so
+top-left and bottom-right alignment coincide); FlashAttention 2, whose paged cache needs pages of a
+multiple of 256 tokens, reads the dense cache.
+
+Timing (:func:`cuda_time`): after a warm-up call (compilation, autotuning), the call is captured in a
+CUDA graph and ``triton.testing.do_bench(graph.replay, return_mode="median")`` times it; ``do_bench``
+zeroes a 256 MB buffer before every replay, so every call starts with a cold L2. A call that cannot be
+captured (it synchronises with the host) is timed eagerly by ``do_bench``, host work included, and
+says so in its ``method``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+
+import attn_ref
+from attn_ref import paged_to_dense
+
+from .problems import Problem, decode, dense_kv, make_inputs, prefill
+
+#: do_bench budgets in milliseconds (warm-up, repetitions).
+WARMUP_MS, REP_MS = 25, 100
+TIMING = (
+    "CUDA graph replay timed by triton.testing.do_bench(return_mode='median', warmup=25 ms, rep=100 ms), "
+    "L2 zeroed before each replay; calls that cannot be captured: do_bench of the eager call"
+)
+BASELINE = "sdpa_flash"
+DECODE_BANDWIDTH_TARGET = 70.0  # % of the measured copy bandwidth
+PREFILL_SPEED_TARGET = 0.8  # kernels throughput / SDPA flash throughput at 8k causal
+#: Vendor datasheet HBM bandwidth, shown next to the measured copy bandwidth (H200 SXM: 4.8 TB/s).
+DATASHEET_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
+
+#: Providers timed eagerly: their call synchronises with the host, so a CUDA graph cannot capture it.
+EAGER_PROVIDERS = {"kernels_api"}
+
+Timer = Callable[[Callable[[], object], bool], dict]  # (call, capture in a CUDA graph?) -> timing
+
+
+# --- problems -------------------------------------------------------------------------------------
+
+def problems(quick: bool) -> list[Problem]:
+    """bf16, GQA 32/8, d=128, page 64. Decode at batch x context >= 64k tokens (and one launch-bound
+    case); prefill up to 16k causal, 8k being the target."""
+    if quick:
+        return [decode(4, 4096), prefill(1, 2048)]
+    targets_first = [decode(8, 8192), decode(4, 32768), prefill(1, 8192)]  # measured first: a time
+    others = [decode(16, 8192), decode(1, 65536), decode(8, 1024)]  # limit that stops the run keeps them
+    return targets_first + others + [prefill(1, 2048), prefill(1, 4096), prefill(1, 16384)]
+
+
+def combine_shapes(quick: bool) -> list[tuple[int, int, int]]:
+    """``(rows, heads, dv)`` of the merged attention states (fp32 out, fp32 lse)."""
+    return [(1024, 32, 128)] if quick else [(8192, 32, 128), (65536, 32, 128)]
+
+
+# --- timing ---------------------------------------------------------------------------------------
+
+def cuda_time(fn: Callable[[], object], capture: bool = True) -> dict:
+    """Median time of ``fn()`` on the GPU, cold L2 (see the module docstring)."""
+    import triton.testing
+
+    fn()
+    torch.cuda.synchronize()
+    graph = _capture(fn) if capture else None
+    if graph is not None:
+        ms = triton.testing.do_bench(graph.replay, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+        return {"time_s": ms * 1e-3, "method": "cuda graph + do_bench median, cold L2"}
+    ms = triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+    return {"time_s": ms * 1e-3, "method": "eager call (not graph-capturable): do_bench median, host work "
+                                           "included, cold L2"}
+
+
+def _capture(fn: Callable[[], object]) -> Optional[torch.cuda.CUDAGraph]:
+    """``fn`` captured in a CUDA graph, or None if it cannot be (e.g. it reads a tensor on the host)."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+# --- ceilings -------------------------------------------------------------------------------------
+
+def ceilings(timer: Timer = cuda_time) -> dict:
+    """Measured device-to-device copy bandwidth (1 GiB, bytes read + written) and bf16 matmul rate
+    (8192^3), plus the datasheet HBM bandwidth when the GPU is one we know."""
+    src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_s = timer(lambda: dst.copy_(src), True)["time_s"]
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    matmul_s = timer(lambda: a @ b, True)["time_s"]
+    found = {"copy_bytes_per_s": 2 * src.nbytes / copy_s, "matmul_bf16_flop_per_s": 2 * 8192**3 / matmul_s}
+    name = torch.cuda.get_device_name()
+    for part, bandwidth in DATASHEET_HBM_BYTES_PER_S.items():
+        if part in name:
+            found["datasheet_hbm_bytes_per_s"] = bandwidth
+    return found
+
+
+# --- providers ------------------------------------------------------------------------------------
+# A provider is built by a function returning ``(call, setup)``: ``call()`` returns the output, ``setup``
+# says how the provider was set up. Building may fail (a package or kernel missing): that is reported.
+
+Builder = Callable[[], tuple[Callable[[], torch.Tensor], str]]
+
+
+def attention_builders(problem: Problem, inputs) -> dict[str, Builder]:
+    """Providers of a decode / prefill case, each call returning ``out (b, sq, h, d)``."""
+    builders = {
+        "kernels": lambda: kernels_device_call(inputs),
+        "kernels_api": lambda: kernels_api_call(inputs),
+        BASELINE: lambda: sdpa_flash_call(problem, inputs),
+    }
+    if _installed("flash_attn_interface") or _installed("flash_attn"):
+        builders["flash_attn"] = lambda: flash_attn_call(problem, inputs)
+    return builders
+
+
+def _installed(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def kernels_device_call(inputs) -> tuple[Callable[[], torch.Tensor], str]:
+    """The device work of ``kernels.flash_attn_with_kvcache``: the host part (validation, which reads
+    the page table and lengths on the host, and the per-batch metadata upload) runs once here; the
+    timed call is ``kernels.kvcache.attend``, the attention launch (+ the split combine), which a CUDA
+    graph can capture as a serving engine would."""
+    import kernels
+    from kernels.kvcache import attend, batch_metadata
+
+    call = attn_ref.check_kvcache_args(**inputs.kwargs())
+    meta = batch_metadata(call)
+    accum = kernels.flash_attn_with_kvcache(**inputs.kwargs(), return_softmax_lse=True)[2]
+    splits = 1 if accum is None else accum.shape[0]
+    return (lambda: attend(call, meta)[0]), f"kernels.kvcache.attend, num_splits=0 chose {splits}"
+
+
+def kernels_api_call(inputs) -> tuple[Callable[[], torch.Tensor], str]:
+    """``kernels.flash_attn_with_kvcache`` as a user calls it: host validation included."""
+    import kernels
+
+    fn = kernels.flash_attn_with_kvcache
+    return (lambda: fn(**inputs.kwargs())), "public call, host validation included"
+
+
+def sdpa_flash_call(problem: Problem, inputs) -> tuple[Callable[[], torch.Tensor], str]:
+    """SDPA's flash backend on dense K/V: GQA through ``enable_gqa`` if the backend takes it, else on
+    K/V with the KV heads repeated (4x the bytes)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = inputs.q.transpose(1, 2)  # (b, h, sq, d)
+    k, v = dense_kv(inputs, problem.seqlen_k, expand_gqa=False)  # (b, h_k, sk, d)
+
+    def gqa():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, enable_gqa=True)
+        return out.transpose(1, 2)  # (b, sq, h, d)
+
+    try:
+        gqa()
+        return gqa, "flash backend, dense (b, h_k, sk, d) K/V, enable_gqa=True"
+    except RuntimeError:
+        del k, v
+    k_rep, v_rep = dense_kv(inputs, problem.seqlen_k, expand_gqa=True)  # (b, h, sk, d)
+
+    def repeated():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(q, k_rep, v_rep, is_causal=problem.causal)
+        return out.transpose(1, 2)
+
+    return repeated, "flash backend refused enable_gqa: dense (b, h, sk, d) K/V with KV heads repeated"
+
+
+def flash_attn_call(problem: Problem, inputs) -> tuple[Callable[[], torch.Tensor], str]:
+    """FlashAttention 3 (``flash_attn_interface``, the same API as ours) or else 2 (``flash_attn``)."""
+    if _installed("flash_attn_interface"):
+        from flash_attn_interface import flash_attn_with_kvcache as fa3
+
+        return (lambda: fa3(**inputs.kwargs())), "FlashAttention 3, paged cache"
+    from flash_attn import flash_attn_with_kvcache as fa2
+
+    sk = problem.seqlen_k
+    k_dense = paged_to_dense(inputs.k_cache, inputs.page_table)[:, :sk].contiguous()  # (b, sk, h_k, d)
+    v_dense = paged_to_dense(inputs.v_cache, inputs.page_table)[:, :sk].contiguous()
+    return (lambda: fa2(inputs.q, k_dense, v_dense, cache_seqlens=inputs.cache_seqlens, causal=problem.causal),
+            "FlashAttention 2, contiguous cache (its paged cache needs pages of a multiple of 256 tokens)")
+
+
+def combine_builders(states) -> dict[str, Builder]:
+    """Providers of a combine case, each call returning the merged ``out``."""
+    def kernels_merge():
+        import kernels
+
+        merge = kernels.merge_attention_states
+        return (lambda: merge(*states)[0]), "Triton merge kernel"
+
+    return {
+        "attn_ref": lambda: ((lambda: attn_ref.merge_attention_states(*states)[0]), "eager PyTorch"),
+        "kernels": kernels_merge,
+    }
+
+
+# --- cases ----------------------------------------------------------------------------------------
+
+def measure_attention(problem: Problem, timer: Timer, ceilings: dict, device: str = "cuda") -> dict:
+    """One decode / prefill case: every provider's time, TB/s, TFLOP/s, % of copy bandwidth, error."""
+    inputs = make_inputs(problem, device)
+    reference = attn_ref.flash_attn_with_kvcache(**inputs.kwargs()).float()  # (b, sq, h, d)
+    providers = {name: _measured(name, build, reference, problem.bytes_moved(), problem.flops(), timer, ceilings)
+                 for name, build in attention_builders(problem, inputs).items()}
+    return _case(problem.suite, problem.label, problem.shape(), problem.bytes_moved(), problem.flops(),
+                 providers, ceilings)
+
+
+def measure_combine(rows: int, heads: int, dv: int, timer: Timer, ceilings: dict, device: str = "cuda") -> dict:
+    """``(out_a, lse_a) ⊕ (out_b, lse_b)`` of fp32 states ``out (rows, heads, dv)``, ``lse (rows, heads)``.
+
+    Bytes: both states read, the merged one written: ``3 * rows * heads * (dv + 1) * 4``.
+    FLOPs are not counted (a handful per element; the merge is bandwidth-bound).
+    """
+    gen = torch.Generator(device=device).manual_seed(0)
+    out_a, out_b = (torch.randn(rows, heads, dv, generator=gen, device=device) for _ in range(2))
+    lse_a, lse_b = (torch.randn(rows, heads, generator=gen, device=device) for _ in range(2))
+    states = (out_a, lse_a, out_b, lse_b)
+    nbytes = 3 * rows * heads * (dv + 1) * 4
+    reference = attn_ref.merge_attention_states(*states)[0]
+    providers = {name: _measured(name, build, reference, nbytes, 0, timer, ceilings)
+                 for name, build in combine_builders(states).items()}
+    shape = {"rows": rows, "heads": heads, "head_dim_v": dv, "dtype": "float32"}
+    return _case("combine", f"rows={rows} h={heads} dv={dv}", shape, nbytes, 0, providers, ceilings,
+                 baseline="attn_ref")
+
+
+def _measured(name: str, build: Builder, reference: torch.Tensor, nbytes: int, flops: int, timer: Timer,
+              ceilings: dict) -> dict:
+    """Build and time one provider; a failure is recorded as the provider's result, not raised."""
+    try:
+        fn, setup = build()
+        diff = (fn().float() - reference).abs().max().item()
+        timing = timer(fn, name not in EAGER_PROVIDERS)
+    except Exception as exc:  # noqa: BLE001  (a provider that fails is a result to report)
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    t = timing["time_s"]
+    measured = {**timing, "setup": setup, "bytes_per_s": nbytes / t, "flop_per_s": flops / t,
+                "max_abs_diff_vs_attn_ref": diff}
+    if "copy_bytes_per_s" in ceilings:
+        measured["pct_of_copy_bandwidth"] = 100 * measured["bytes_per_s"] / ceilings["copy_bytes_per_s"]
+    return measured
+
+
+def _case(suite, label, shape, nbytes, flops, providers, ceilings, baseline=BASELINE) -> dict:
+    base = providers.get(baseline, {}).get("time_s")
+    for p in providers.values():
+        if "time_s" in p:
+            p["time_ratio_vs_baseline"] = p["time_s"] / base if base else None
+    ideal = nbytes / ceilings["copy_bytes_per_s"] if "copy_bytes_per_s" in ceilings else None
+    if ideal is not None and flops and "matmul_bf16_flop_per_s" in ceilings:
+        ideal = max(ideal, flops / ceilings["matmul_bf16_flop_per_s"])
+    return {"suite": suite, "label": label, "shape": shape, "bytes": nbytes, "flops": flops, "baseline": baseline,
+            "ideal_time_s": ideal, "providers": providers}
+
+
+def run(quick: bool, ceilings: dict, timer: Timer = cuda_time, device: str = "cuda") -> Iterator[dict]:
+    """The case records, one at a time (a run stopped early keeps those already yielded)."""
+    for problem in problems(quick):
+        try:
+            yield measure_attention(problem, timer, ceilings, device)
+        except Exception as exc:  # noqa: BLE001  (keep the other cases: report this one's failure)
+            failed = {"setup": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
+            yield _case(problem.suite, problem.label, problem.shape(), problem.bytes_moved(), problem.flops(),
+                        failed, ceilings)
+        if not quick:
+            time.sleep(1)  # let clocks and power settle between cases (FA's benchmark habit)
+    for shape in combine_shapes(quick):
+        yield measure_combine(*shape, timer, ceilings, device)
+
+
+def targets(cases: list[dict]) -> list[dict]:
+    """Decode >= 70 % of copy bandwidth at b x context >= 64k; prefill >= 0.8x SDPA flash at 8k causal."""
+    found = []
+    for case in cases:
+        shape, kernels = case["shape"], case["providers"].get("kernels", {})
+        if case["suite"] == "decode" and shape["batch"] * shape["seqlen_k"] >= 65536:
+            pct = kernels.get("pct_of_copy_bandwidth", 0.0)
+            found.append({"name": f"decode {case['label']}: kernels % of copy bandwidth >= {DECODE_BANDWIDTH_TARGET}",
+                          "value": pct, "met": pct >= DECODE_BANDWIDTH_TARGET})
+        if case["suite"] == "prefill" and shape["seqlen_k"] == 8192:
+            ratio = kernels.get("time_ratio_vs_baseline")
+            speed = 1 / ratio if ratio else 0.0
+            found.append({"name": f"prefill {case['label']}: kernels speed / SDPA flash speed >= {PREFILL_SPEED_TARGET}",
+                          "value": speed, "met": speed >= PREFILL_SPEED_TARGET})
+    return found

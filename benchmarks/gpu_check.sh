@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU check: the kernel tests on the GPU, then the GPU benchmarks, on a CUDA machine without internet.
+#
+#   bash benchmarks/gpu_check.sh OUTDIR
+#
+# Uses the machine's own python3 (or $PYTHON) and packages as they are: nothing is installed, the
+# repository is put on PYTHONPATH. Every step runs under `timeout` (SIGTERM, then SIGKILL 10 s later),
+# so one hang cannot eat the budget; the limits add up to 300 s. A benchmark stopped by its limit
+# still writes the cases it finished. OUTDIR receives six flat files:
+#   gpu_check.log   versions, nvidia-smi (summary, -q clocks/power/temperature, clocks after the
+#                   benchmarks), the test log and the benchmark log
+#   cuda.json       results (benchmarks/schema.json), cuda.md the same as a Markdown table
+#   cuda_decode.png, cuda_prefill.png, cuda_combine.png
+set -uo pipefail  # no -e: a failing step is logged and the next one still runs
+
+out=${1:?usage: bash benchmarks/gpu_check.sh OUTDIR}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+log="$out/gpu_check.log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+unset TRITON_INTERPRET  # compiled kernels, never the interpreter
+summary=()
+
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2 start=$SECONDS rc
+  shift 2
+  echo "===== $name (limit ${limit} s): $*" >>"$log"
+  timeout -k 10 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  echo "===== $name: exit $rc after $((SECONDS - start)) s" >>"$log"
+  summary+=("$name: exit $rc after $((SECONDS - start)) s$([ $rc -eq 124 ] && echo ' (TIMED OUT)')")
+}
+
+date -u +"gpu_check started %Y-%m-%dT%H:%M:%SZ in $PWD" >"$log"
+step versions 20 "$py" -c "
+import platform, subprocess, torch, triton
+print('python', platform.python_version(), '| torch', torch.__version__, '| cuda', torch.version.cuda,
+      '| triton', triton.__version__)
+print('git', subprocess.run(['git', 'describe', '--always', '--dirty'], capture_output=True, text=True).stdout.strip())
+p = torch.cuda.get_device_properties(0)
+print(p.name, '| SMs', p.multi_processor_count, '| memory GB', p.total_memory / 1e9, '| cc', p.major, p.minor)"
+step nvidia-smi 20 bash -c "nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE,POWER,TEMPERATURE"
+step tests 110 "$py" -m pytest tests/test_kernels_*.py -x -q -p no:cacheprovider
+step bench 140 "$py" -m benchmarks.run --device cuda --out "$out"
+step clocks-after 10 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+
+printf '%s\n' "${summary[@]}" | tee -a "$log"
+ls "$out"

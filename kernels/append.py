@@ -22,7 +22,7 @@ import triton.language as tl
 
 from attn_ref.validation import KVCacheCall
 
-from .launch import Launch, next_power_of_2, rounds_bf16
+from .launch import Launch, next_power_of_2, explicit_rounding
 from .numerics import store_as
 from .paged import token_offsets
 from .rotary import load_rotated
@@ -53,7 +53,7 @@ def _append_kv_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
     ROTARY_DIM: tl.constexpr,  # 0: no rotary
     INTERLEAVED: tl.constexpr,
-    ROUND_BF16: tl.constexpr,  # interpreter + bf16 cache: round rotated keys explicitly
+    ROUND_TO: tl.constexpr,  # interpreter + bf16/fp8 cache: round rotated keys explicitly
 ):
     pid_t, batch, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_new = tl.load(new_lens_ptr + batch)
@@ -78,7 +78,7 @@ def _append_kv_kernel(
             ro_positions = tl.load(rotary_starts_ptr + batch) + offs_t  # (BLOCK_T,) P0_i + t
             k_new = load_rotated(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
                                  ROTARY_DIM, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
-            store_as(k_dst, k_new, k_mask, ROUND_BF16)
+            store_as(k_dst, k_new, k_mask, ROUND_TO)
         else:
             tl.store(k_dst, tl.load(k_rows + offs_d[None, :], mask=k_mask), mask=k_mask)
 
@@ -119,7 +119,7 @@ def plan_append(call: KVCacheCall, meta: dict) -> Launch | None:
         D=call.head_dim, DV=call.head_dim_v, BLOCK_T=block_t,
         BLOCK_D=next_power_of_2(call.head_dim), BLOCK_DV=next_power_of_2(call.head_dim_v),
         PAGE_SIZE=max(call.page_size, 1), PAGED=call.paged, ROTARY_DIM=call.rotary_dim,
-        INTERLEAVED=call.rotary_interleaved, ROUND_BF16=rounds_bf16(kc.dtype),
+        INTERLEAVED=call.rotary_interleaved, ROUND_TO=explicit_rounding(kc.dtype),
     )
     grid = (triton.cdiv(max(call.new_lens), block_t), call.batch_size, call.num_heads_k)
     return Launch(_append_kv_kernel, grid, args, constexprs, num_warps=4, num_stages=1,

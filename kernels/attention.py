@@ -9,6 +9,9 @@ over the valid keys ``j in [0, Sk_b)`` at cache positions ``L_b + j`` (:mod:`att
     lse_i = log(Σ_j e^{ℓ_ij} (+ e^{σ_h}))    out_i = Σ_j e^{ℓ_ij - lse_i} V_j
 
 ``scale`` includes ``q_descale · k_descale`` for fp8, whose output is multiplied by ``v_descale``.
+With rotary tables q is rotated in fp32 at load (row ``i`` at ``P0 + i``, or every row at ``P0``
+when the call is neither causal nor local) and split into 16-bit parts ``q = hi + mid + lo``
+(:func:`kernels.numerics.split_parts`), so ``q·K`` keeps the fp32 reference's accuracy.
 
 **Tiling.** One program owns one KV head of one batch entry and ``ROWS = BLOCK_M // G`` query rows;
 its M tile packs the ``G`` query heads that share the KV head (pack-GQA), tile entry ``m`` being
@@ -40,8 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch, compute_dtype, dot_precision, next_power_of_2, rounds_bf16
-from .numerics import store_as, tanh
+from .launch import Launch, compute_dtype, dot_precision, explicit_rounding, next_power_of_2, rotated_q_parts
+from .numerics import split_parts, store_as, tanh
 from .paged import token_offsets
 from .rotary import load_rotated
 from .splits import AttentionTiles
@@ -60,7 +63,8 @@ def _chunk_start(x, CHUNK):
 @triton.jit
 def _attend_key_blocks(
     acc, m_i, l_i,  # (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32: running state
-    q, qv,  # (BLOCK_M, BLOCK_D), (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE (qv unused without HAS_QV)
+    q, q_mid, q_lo,  # (BLOCK_M, BLOCK_D) in COMPUTE_DTYPE: q = q + q_mid + q_lo (Q_PARTS > 1: rotated q)
+    qv,  # (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE (unused without HAS_QV / ONLY_QV)
     start, end,  # key range [start, end) to visit, in BLOCK_N steps
     diag,  # (BLOCK_M,) int32: i + Sk - Sq, the bottom-right diagonal of each row
     k1,  # int32: end of this split's keys
@@ -75,7 +79,7 @@ def _attend_key_blocks(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
     HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_CHUNK: tl.constexpr,
-    COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr,
     MASKED: tl.constexpr,  # False only for blocks every row of the tile fully sees
 ):
     """Online softmax over the key blocks of ``[start, end)``; returns the updated ``(acc, m_i, l_i)``."""
@@ -99,6 +103,10 @@ def _attend_key_blocks(
             k = tl.load(k_cache_ptr + k_slots[:, None] + offs_d[None, :],
                         mask=key_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_D)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            if Q_PARTS > 1:
+                s += tl.dot(q_mid, tl.trans(k), input_precision=DOT_PRECISION)
+            if Q_PARTS > 2:
+                s += tl.dot(q_lo, tl.trans(k), input_precision=DOT_PRECISION)
             if HAS_QV:
                 s += tl.dot(qv, tl.trans(v), input_precision=DOT_PRECISION)
 
@@ -132,7 +140,7 @@ def _attend_key_blocks(
 @triton.jit
 def _attention_kernel(
     q_ptr,  # (b, sq, h, d) or (total_q, h, d)
-    qv_ptr,  # (b, sq, h, dv) or (total_q, h, dv) (HAS_QV only)
+    qv_ptr,  # (b, sq, h, dv) or (total_q, h, dv) (HAS_QV or ONLY_QV only)
     k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
     v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
     page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
@@ -161,7 +169,8 @@ def _attention_kernel(
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_CHUNK: tl.constexpr,
     ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_FIXED: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_DESCALE: tl.constexpr,
-    COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_BF16: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_TO: tl.constexpr,
+    Q_PARTS: tl.constexpr,  # 16-bit parts of the rotated q (1 without rotary or for fp32 tiles)
 ):
     ROWS: tl.constexpr = BLOCK_M // G  # query rows per tile
     pid_m, pid_bh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -187,6 +196,8 @@ def _attention_kernel(
 
         # ---- load q (rotated in fp32 if needed) and qv ------------------------------------------
         q = tl.zeros((BLOCK_M, BLOCK_D), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_D)
+        q_mid = q  # (BLOCK_M, BLOCK_D): rotated q = q + q_mid + q_lo, exact to ~fp32
+        q_lo = q
         if not ONLY_QV:
             q_rows = q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads64[:, None] * stride_qh  # (BLOCK_M, 1)
             q_mask = row_ok[:, None] & (offs_d[None, :] < D)
@@ -196,12 +207,13 @@ def _attention_kernel(
                     ro_positions = ro_start + 0 * rows  # every row at P0
                 else:
                     ro_positions = ro_start + rows  # row i at P0 + i
-                q = load_rotated(q_rows, offs_d, q_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
-                                 ROTARY_DIM, INTERLEAVED).to(COMPUTE_DTYPE)
+                q_rotated = load_rotated(q_rows, offs_d, q_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
+                                         ROTARY_DIM, INTERLEAVED)  # (BLOCK_M, BLOCK_D) fp32
+                q, q_mid, q_lo = split_parts(q_rotated, COMPUTE_DTYPE, Q_PARTS)
             else:
                 q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0).to(COMPUTE_DTYPE)
         qv = tl.zeros((BLOCK_M, BLOCK_DV), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_DV)
-        if HAS_QV:
+        if HAS_QV or ONLY_QV:
             qv_ptrs = (qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt
                        + heads64[:, None] * stride_qvh + offs_dv[None, :])
             qv = tl.load(qv_ptrs, mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0).to(COMPUTE_DTYPE)
@@ -257,11 +269,11 @@ def _attention_kernel(
             else:
                 start, end = unmasked_end, hi
             acc, m_i, l_i = _attend_key_blocks(
-                acc, m_i, l_i, q, qv, start, end, diag, k1, window_left, window_right, chunk,
+                acc, m_i, l_i, q, q_mid, q_lo, qv, start, end, diag, k1, window_left, window_right, chunk,
                 logit_scale, softcap_log2, k_head, v_head, page_table_ptr, cache_row, leftpad,
                 stride_table, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
                 offs_d, offs_dv, D, DV, BLOCK_N, PAGE_SIZE, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
-                MASK_LEFT, MASK_RIGHT, HAS_CHUNK, COMPUTE_DTYPE, DOT_PRECISION,
+                MASK_LEFT, MASK_RIGHT, HAS_CHUNK, COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS,
                 MASKED=phase != 1,
             )
 
@@ -285,7 +297,7 @@ def _attention_kernel(
         split64 = split.to(tl.int64)
         out_ptrs = (out_ptr + split64 * stride_os + batch64 * stride_ob + heads64[:, None] * stride_oh
                     + token[:, None] * stride_ot + offs_dv[None, :])  # (BLOCK_M, BLOCK_DV)
-        store_as(out_ptrs, out, row_ok[:, None] & (offs_dv[None, :] < DV), ROUND_BF16)
+        store_as(out_ptrs, out, row_ok[:, None] & (offs_dv[None, :] < DV), ROUND_TO)
         lse_ptrs = lse_ptr + split64 * stride_ls + batch64 * stride_lb + heads64 * stride_lh + token * stride_lt
         tl.store(lse_ptrs, lse, mask=row_ok)
 
@@ -342,7 +354,7 @@ def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_s
         ROTARY_FIXED=call.rotary_q_fixed_position,
         HAS_SINKS=call.sinks is not None, HAS_DESCALE=fp8_descale,
         COMPUTE_DTYPE=compute_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
-        ROUND_BF16=rounds_bf16(out.dtype),
+        ROUND_TO=explicit_rounding(out.dtype), Q_PARTS=rotated_q_parts(q.dtype) if rotary else 1,
     )
     grid = (m_blocks, call.batch_size * call.num_heads_k, num_splits)
     return Launch(_attention_kernel, grid, args, constexprs, num_warps=tiles.num_warps,

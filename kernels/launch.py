@@ -6,9 +6,10 @@ constants, warps, stages) as a :class:`Launch`, then runs it. The same plan is w
 CI compiles are exactly the ones the launchers run.
 
 Interpreter mode (``TRITON_INTERPRET=1``, set before this package is imported) runs the kernels with
-numpy on the CPU. Its bf16 arithmetic is wrong and its fp32 -> bf16 conversion truncates, so
-:func:`compute_dtype` upcasts bf16 tiles to fp32 right after loading and ``round_bf16`` (see
-:mod:`kernels.numerics`) rounds to nearest even before a bf16 store. On a GPU neither happens.
+numpy on the CPU. Its bf16 arithmetic is wrong and its fp32 -> bf16 / fp8 conversions round wrongly, so
+:func:`compute_dtype` upcasts bf16 (and fp8) tiles to fp32 right after loading and
+:func:`explicit_rounding` makes stores round to nearest even first (:mod:`kernels.numerics`). On a
+GPU neither happens.
 """
 
 from __future__ import annotations
@@ -91,9 +92,22 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if compute_dtype(dtype) == tl.float32 else "tf32"
 
 
-def rounds_bf16(dtype: torch.dtype) -> bool:
-    """Whether stores of this dtype need explicit round-to-nearest-even (bf16 in the interpreter)."""
-    return INTERPRETING and dtype == torch.bfloat16
+def explicit_rounding(dtype: torch.dtype) -> str:
+    """``ROUND_TO`` of :func:`kernels.numerics.store_as` for stores of ``dtype``: the interpreter's
+    bf16 and fp8 conversions round wrongly, so there the kernels round explicitly first."""
+    if INTERPRETING and dtype == torch.bfloat16:
+        return "bf16"
+    if INTERPRETING and dtype == torch.float8_e4m3fn:
+        return "fp8e4m3"
+    return "none"
+
+
+def rotated_q_parts(dtype: torch.dtype) -> int:
+    """How many 16-bit parts a rotated (fp32) q tile is split into for the q·K matmul
+    (:func:`kernels.numerics.split_parts`): 1 for fp32 tiles, 2 for fp16 (11 + 11 bits), 3 for
+    bf16 (3 x 8 bits), so the scores keep fp32 accuracy as in the fp32 reference."""
+    tile = compute_dtype(dtype)
+    return 1 if tile == tl.float32 else 2 if tile == tl.float16 else 3
 
 
 def num_sms(device: torch.device) -> int:

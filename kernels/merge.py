@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch, next_power_of_2, rounds_bf16
+from .launch import Launch, next_power_of_2, explicit_rounding
 from .numerics import store_as
 
 
@@ -69,7 +69,7 @@ def _merge_states_kernel(
     stride_rls, stride_rl0, stride_rl1, stride_rl2,
     stride_o0, stride_o1, stride_o2,
     stride_l0, stride_l1, stride_l2,
-    DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DIM: tl.constexpr, ROUND_BF16: tl.constexpr,
+    DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DIM: tl.constexpr, ROUND_TO: tl.constexpr,
 ):
     pid_r, a1, a0 = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     offs_r = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # (BLOCK_R,) index along A2
@@ -91,7 +91,7 @@ def _merge_states_kernel(
         rest_lse_ptrs += stride_rls
 
     out_ptrs = out_ptr + a0 * stride_o0 + a1 * stride_o1 + offs_r[:, None] * stride_o2 + offs_d[None, :]
-    store_as(out_ptrs, o, mask, ROUND_BF16)
+    store_as(out_ptrs, o, mask, ROUND_TO)
     tl.store(lse_ptr + a0 * stride_l0 + a1 * stride_l1 + offs_r * stride_l2, lse, mask=row_mask)
 
 
@@ -113,7 +113,7 @@ def plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse) -> Launch:
         **_strides("stride_rl", rest_lse.stride(), ("s", "0", "1", "2")),
         **_strides("stride_o", out.stride()[:3]), **_strides("stride_l", lse.stride()),
     )
-    constexprs = dict(DIM=dim, BLOCK_R=block_r, BLOCK_DIM=block_dim, ROUND_BF16=rounds_bf16(out.dtype))
+    constexprs = dict(DIM=dim, BLOCK_R=block_r, BLOCK_DIM=block_dim, ROUND_TO=explicit_rounding(out.dtype))
     return Launch(_merge_states_kernel, (triton.cdiv(a2, block_r), a1, a0), args, constexprs,
                   num_warps=4, num_stages=1, dummy_device=out.device)
 

@@ -5,8 +5,16 @@
   last bit bf16 keeps). The result is an fp32 holding a bf16 value, so the following ``.to(bf16)``
   is exact even in Triton's interpreter, which truncates. Inputs are finite (attention outputs, rotated
   keys), so the NaN case of a full converter is not needed.
+* :func:`round_to_fp8e4m3` - round fp32 to the nearest fp8 e4m3 value (ties to even): with ``e`` the
+  binary exponent of ``x``, e4m3 keeps 3 fraction bits, so its spacing there is
+  ``2^max(e - 3, -9)`` (-9: the subnormal spacing); ``x / spacing`` is rounded to an integer by the
+  fp32 "magic number" ``1.5 · 2^23`` (add, subtract: round half to even) and scaled back. Needed
+  because the interpreter's fp32 -> fp8 conversion rounds wrongly when rounding up crosses a power
+  of two (1.99 becomes 1.0). Values beyond e4m3's range (448) are not handled.
+* :func:`split_parts` - ``x = hi + mid + lo`` with each part exact in a 16-bit dtype, so a matmul of
+  an fp32 tile against 16-bit data keeps ~fp32 accuracy on 16-bit tensor cores (2 or 3 matmuls).
 * :func:`store_as` - cast an fp32 tile to the destination's element type and store it, rounding
-  bf16 explicitly when ``ROUND_BF16`` (interpreter with a bf16 destination).
+  explicitly first when ``ROUND_TO`` says so (interpreter with a bf16 or fp8 destination).
 * :func:`tanh` - ``1 - 2 / (e^{2x} + 1)``: saturates to ±1 without overflow (``e^{2x} = inf`` gives 1,
   ``0`` gives -1) and needs only ``exp``, which the interpreter and every GPU target have.
 """
@@ -24,11 +32,40 @@ def round_to_bf16(x):
 
 
 @triton.jit
-def store_as(ptrs, x, mask, ROUND_BF16: tl.constexpr):
-    """Store fp32 tile ``x`` at ``ptrs`` (same shape) in the pointers' element type."""
-    if ROUND_BF16:
+def round_to_fp8e4m3(x):
+    """fp32 tile -> fp32 tile of the nearest fp8 e4m3 values (round half to even)."""
+    exponent = ((x.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
+    spacing_exponent = tl.maximum(exponent - 3, -9)
+    spacing = ((spacing_exponent + 127) << 23).to(tl.float32, bitcast=True)  # 2^spacing_exponent
+    steps = (x / spacing + 12582912.0) - 12582912.0  # round half to even (|x / spacing| < 2^22)
+    return steps * spacing
+
+
+@triton.jit
+def store_as(ptrs, x, mask, ROUND_TO: tl.constexpr):
+    """Store fp32 tile ``x`` at ``ptrs`` (same shape) in the pointers' element type.
+
+    ``ROUND_TO``: ``"bf16"`` / ``"fp8e4m3"`` round explicitly first (interpreter), ``"none"`` not.
+    """
+    if ROUND_TO == "bf16":
         x = round_to_bf16(x)
+    if ROUND_TO == "fp8e4m3":
+        x = round_to_fp8e4m3(x)
     tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def split_parts(x, DTYPE: tl.constexpr, PARTS: tl.constexpr):
+    """``(hi, mid, lo)`` in ``DTYPE`` with ``hi + mid + lo ≈ x`` (fp32 tile); unused parts are 0."""
+    hi = x.to(DTYPE)
+    rest = x - hi.to(tl.float32)
+    mid = rest.to(DTYPE)
+    lo = (rest - mid.to(tl.float32)).to(DTYPE)
+    if PARTS < 3:
+        lo = tl.zeros_like(lo)
+    if PARTS < 2:
+        mid = tl.zeros_like(mid)
+    return hi, mid, lo
 
 
 @triton.jit

@@ -1,0 +1,86 @@
+"""Sequence-parallel attention on the Triton kernels: same classes, same errors, same results.
+
+The SP logic (collectives, ring schedule, replicated tokens, checks) lives once, in
+:mod:`attn_ref.sequence_parallel`; it is parameterised by an :class:`AttentionBackend`. Here that
+backend is bound to the kernels:
+
+* local attention: :func:`kernels.flash_attn_with_kvcache` with ``return_softmax_lse=True`` (K/V as
+  a dense cache, bottom-right causal);
+* merge of partial states (ring steps, replicated K/V): :func:`kernels.merge_attention_states`.
+
+Everything else (groups, collectives, layouts, the launcher) is re-exported unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from attn_ref import sequence_parallel as _sp
+from attn_ref.sequence_parallel import (  # noqa: F401 - re-exported: same API as attn_ref's
+    AttentionBackend,
+    RingExchange,
+    SequenceParallelGroups,
+    all_gather,
+    all_to_all_4d,
+    all_to_all_4d_packed,
+    heads_of_rank,
+    init_sequence_parallel_groups,
+    launch,
+    shard_positions,
+    shard_sequence,
+    unshard_sequence,
+)
+
+from .kvcache import flash_attn_with_kvcache
+from .merge import merge_attention_states
+
+#: The Triton kernels as the SP schemes' local attention and merge.
+KERNEL_BACKEND = AttentionBackend("kernels", flash_attn_with_kvcache, merge_attention_states)
+
+
+class UlyssesAttention(_sp.UlyssesAttention):
+    """:class:`attn_ref.sequence_parallel.UlyssesAttention` computing with the Triton kernels."""
+
+    backend = KERNEL_BACKEND
+
+
+class USPAttention(_sp.USPAttention):
+    """:class:`attn_ref.sequence_parallel.USPAttention` computing with the Triton kernels."""
+
+    backend = KERNEL_BACKEND
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: Optional[dist.ProcessGroup] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    zigzag: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attn_ref.sequence_parallel.ring_attention` computing with the Triton kernels."""
+    return _sp.ring_attention(q, k, v, group, softmax_scale, causal, zigzag, backend=KERNEL_BACKEND)
+
+
+__all__ = [
+    "KERNEL_BACKEND",
+    "AttentionBackend",
+    "RingExchange",
+    "SequenceParallelGroups",
+    "USPAttention",
+    "UlyssesAttention",
+    "all_gather",
+    "all_to_all_4d",
+    "all_to_all_4d_packed",
+    "heads_of_rank",
+    "init_sequence_parallel_groups",
+    "launch",
+    "ring_attention",
+    "shard_positions",
+    "shard_sequence",
+    "unshard_sequence",
+]

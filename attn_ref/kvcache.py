@@ -215,7 +215,7 @@ def _to_caller_layout(call: KVCacheCall, out_rows, lse_rows, accum, lse_accum):
         lse_rows = lse_rows.view(call.num_heads, b, sq).transpose(0, 1).contiguous()
         if accum is not None:
             n = accum.shape[0]
-            accum = accum.view(n, call.num_heads, b, sq, -1).transpose(1, 2).contiguous()
+            accum = accum.view(n, call.num_heads, b, sq, call.head_dim_v).transpose(1, 2).contiguous()
             lse_accum = lse_accum.view(n, call.num_heads, b, sq).transpose(1, 2).contiguous()
     if call.out is not None:
         call.out.copy_(out_rows)

@@ -103,6 +103,8 @@ def _run_rank(fn, args, rank, world_size, backend, init_method, timeout_s, repor
     """Child process: init the group, run ``fn``, report ``(rank, ok, payload)``."""
     if backend == "nccl":
         torch.cuda.set_device(rank)
+    else:  # CPU ranks share the machine's cores instead of each spawning one thread per core
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     dist.init_process_group(
         backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
     )

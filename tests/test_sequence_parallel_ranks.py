@@ -1,0 +1,389 @@
+"""Sequence-parallel attention across real ranks (gloo on CPU): every scheme equals one device.
+
+Each rank count is spawned once (a module-scoped fixture): every rank runs all the cases of that
+world size and all the error cases, and reports its tensors and exceptions; the tests check the
+reports. For each case, every rank's rows (sharded and replicated) must match single-process
+attention over the whole sequence (FlashAttention's tolerance rule for the output, fp32 noise for
+the LSE; the low-precision reference is FA's ``upcast=False`` oracle). A hang fails the fixture through the launcher's timeout instead of blocking the run.
+
+:mod:`test_sequence_parallel_kernels` runs a subset of the same cases on the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+import attn_ref
+from attn_ref import sequence_parallel as sp
+from dense_oracle import dense_attention
+from tolerance import assert_close_fa, assert_lse_close
+
+#: Global (sharded) sequence length, replicated tokens, batch, head dim.
+SEQ, N_REP, BATCH, HEAD_DIM = 16, 3, 2, 16
+#: Whole-run limit of one spawn (the launcher kills a hang after it).
+SPAWN_TIMEOUT_S = 240
+
+
+@dataclass(frozen=True)
+class Case:
+    """One SP call: a scheme on ``ulysses_degree x ring_degree`` ranks and its options.
+
+    ``scheme``: "ulysses", "kv_gather", "auto" (UlyssesAttention modes), "ring" (ring_attention)
+    or "usp". ``replicated``: "" or "suffix" (UlyssesAttention's replicated tensors), or "prefix",
+    "suffix", "kv_prefix" (USPAttention's counts).
+    """
+
+    scheme: str
+    ulysses_degree: int
+    ring_degree: int
+    gqa: bool = False
+    causal: bool = False
+    zigzag: bool = False
+    replicated: str = ""
+    varlen: bool = False
+    dtype: str = "float32"
+
+    @property
+    def id(self) -> str:
+        flags = [
+            f"{self.scheme}{self.ulysses_degree}x{self.ring_degree}",
+            "gqa" if self.gqa else "mha",
+            "causal" if self.causal else "full",
+            "zigzag" if self.zigzag else "",
+            f"rep-{self.replicated}" if self.replicated else "",
+            "varlen" if self.varlen else "",
+            self.dtype if self.dtype != "float32" else "",
+        ]
+        return "-".join(f for f in flags if f)
+
+    @property
+    def heads(self) -> tuple[int, int]:
+        """``(H, Hkv)``: divisible by the Ulysses degree, and GQA groups of 2."""
+        h = max(4, 2 * self.ulysses_degree)
+        return h, h // 2 if self.gqa else h
+
+
+def _cases_two_ranks() -> list[Case]:
+    cases = [Case("ulysses", 2, 1, gqa, causal, replicated=rep)
+             for gqa in (False, True) for causal in (False, True) for rep in ("", "suffix")]
+    cases += [Case("ulysses", 2, 1, True, causal, varlen=True) for causal in (False, True)]
+    cases += [Case("kv_gather", 2, 1, gqa, replicated=rep) for gqa in (False, True) for rep in ("", "suffix")]
+    cases += [Case("auto", 2, 1, True, True, replicated="suffix"), Case("auto", 2, 1, True, varlen=True)]
+    cases += [Case("ring", 1, 2, gqa, causal) for gqa in (False, True) for causal in (False, True)]
+    cases += [Case("ring", 1, 2, gqa, True, zigzag=True) for gqa in (False, True)]
+    cases += [Case("ring", 1, 2, True, False, zigzag=True)]
+    cases += [Case("usp", 1, 2, True, causal, zigzag, rep)
+              for rep in ("prefix", "suffix", "kv_prefix") for causal, zigzag in ((False, False), (True, False), (True, True))]
+    cases += [Case("usp", 2, 1, gqa, causal, replicated=rep)
+              for gqa, rep in ((False, ""), (True, "prefix"), (False, "suffix"), (True, "kv_prefix")) for causal in (False, True)]
+    cases += [Case("ulysses", 2, 1, True, True, replicated="suffix", dtype="float16"),
+              Case("ring", 1, 2, True, True, zigzag=True, dtype="float16"),
+              Case("usp", 1, 2, True, True, True, "prefix", dtype="float16")]
+    return cases
+
+
+def _cases_four_ranks() -> list[Case]:
+    cases = [Case("usp", 2, 2, gqa, causal, zigzag, rep)
+             for gqa in (False, True) for rep in ("", "prefix", "suffix", "kv_prefix")
+             for causal, zigzag in ((False, False), (True, False), (True, True))]
+    cases += [Case("ulysses", 4, 1, gqa, causal, replicated="suffix") for gqa in (False, True) for causal in (False, True)]
+    cases += [Case("ulysses", 4, 1, True, True, varlen=True)]
+    cases += [Case("kv_gather", 4, 1, gqa, replicated="suffix") for gqa in (False, True)]
+    cases += [Case("ring", 1, 4, True, True, zigzag) for zigzag in (False, True)]
+    cases += [Case("usp", 1, 4, True, True, True, "suffix"), Case("usp", 4, 1, True, True, False, "prefix")]
+    cases += [Case("usp", 2, 2, True, True, True, "prefix", dtype="float16")]
+    return cases
+
+
+CASES = {2: _cases_two_ranks(), 4: _cases_four_ranks()}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs and single-device references
+# ---------------------------------------------------------------------------------------------------
+
+
+def _attention(q, k, v, causal):
+    """Single-process reference: ``(out [B, S, H, D], lse [B, S, H])`` over the whole sequence."""
+    out, lse = attn_ref.flash_attn_with_kvcache(q, k, v, causal=causal, return_softmax_lse=True)[:2]
+    return out, lse.transpose(1, 2)
+
+
+def _attention_lowp(q, k, v, causal):
+    """The same attention computed in q's dtype (FA's ``upcast=False`` oracle), for the tolerance."""
+    scale = q.shape[-1] ** -0.5
+    return torch.stack([dense_attention(q[b], k[b], v[b], scale, causal, upcast=False)[0] for b in range(q.shape[0])])
+
+
+def _full_inputs(case: Case) -> dict[str, torch.Tensor]:
+    """The whole sequence (``q k v [B, SEQ, H|Hkv, D]``) and the replicated tokens (``N_REP`` rows)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))  # the same on every rank
+    h, hkv = case.heads
+    dtype = getattr(torch, case.dtype)
+
+    def rand(rows, heads):
+        return torch.randn(BATCH, rows, heads, HEAD_DIM, generator=gen).to(dtype)
+
+    return dict(q=rand(SEQ, h), k=rand(SEQ, hkv), v=rand(SEQ, hkv), rq=rand(N_REP, h), rk=rand(N_REP, hkv), rv=rand(N_REP, hkv))
+
+
+def _global_sequence(case: Case, x: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v of the single-device problem, replicated tokens placed where the scheme puts them."""
+    if case.replicated == "prefix":
+        return tuple(torch.cat([x["r" + n], x[n]], 1) for n in "qkv")
+    if case.replicated == "suffix":
+        return tuple(torch.cat([x[n], x["r" + n]], 1) for n in "qkv")
+    if case.replicated == "kv_prefix":
+        return x["q"], torch.cat([x["rk"], x["k"]], 1), torch.cat([x["rv"], x["v"]], 1)
+    return x["q"], x["k"], x["v"]
+
+
+def _varlen_lens(world: int) -> list[int]:
+    """Unequal local lengths summing to SEQ: the first rank holds 3 more tokens, the second 3 fewer."""
+    lens = [SEQ // world] * world
+    lens[0] += 3
+    lens[1] -= 3
+    return lens
+
+
+def _my_positions(case: Case, groups: sp.SequenceParallelGroups) -> torch.Tensor:
+    """Global positions of this rank's sharded tokens."""
+    if case.varlen:
+        lens = _varlen_lens(groups.sp_size)
+        start = sum(lens[:groups.sp_rank])
+        return torch.arange(start, start + lens[groups.sp_rank])
+    return sp.shard_positions(SEQ, groups.sp_rank, case.ulysses_degree, case.ring_degree, case.zigzag)
+
+
+def _my_rows(case: Case, positions: torch.Tensor) -> torch.Tensor:
+    """Rows of the single-device output this rank returns, in its order."""
+    if case.replicated == "prefix":
+        return torch.cat([torch.arange(N_REP), positions + N_REP])
+    if case.replicated == "suffix":
+        return torch.cat([positions, torch.arange(SEQ, SEQ + N_REP)])
+    return positions
+
+
+# ---------------------------------------------------------------------------------------------------
+# What each rank runs
+# ---------------------------------------------------------------------------------------------------
+
+
+def run_case(api, case: Case, groups: sp.SequenceParallelGroups) -> dict[str, torch.Tensor]:
+    """Run ``case`` with ``api`` (attn_ref.sequence_parallel or kernels.sequence_parallel) on this rank.
+
+    Returns this rank's ``out``/``lse`` rows next to the fp32 reference rows and the reference
+    computed in the case's dtype; ``replicated`` is the replicated output of a UlyssesAttention case.
+    """
+    x = _full_inputs(case)
+    positions = _my_positions(case, groups)
+    h, hkv = case.heads
+    q, k, v = (x[n][:, positions] for n in "qkv")
+    rq, rk, rv = x["rq"], x["rk"], x["rv"]
+    replicated = None
+    if case.scheme in ("ulysses", "kv_gather", "auto"):
+        attn = api.UlyssesAttention(h, HEAD_DIM, hkv, causal=case.causal, sp_attention_mode=case.scheme, groups=groups)
+        reps = (rq, rk, rv) if case.replicated else (None, None, None)
+        seq_lens = _varlen_lens(groups.sp_size) if case.varlen else None
+        out, replicated, lse, rep_lse = attn(q, k, v, *reps, seq_lens=seq_lens, return_softmax_lse=True)
+        if case.replicated:
+            out, lse = torch.cat([out, replicated], 1), torch.cat([lse, rep_lse], 1)
+    elif case.scheme == "ring":
+        out, lse = api.ring_attention(q, k, v, groups.ring_group, causal=case.causal, zigzag=case.zigzag)
+    else:
+        attn = api.USPAttention(h, HEAD_DIM, hkv, causal=case.causal, groups=groups, zigzag=case.zigzag)
+        counts = {"num_replicated_" + case.replicated: N_REP} if case.replicated else {}
+        if case.replicated == "prefix":
+            q, k, v = (torch.cat([r, t], 1) for r, t in ((rq, q), (rk, k), (rv, v)))
+        elif case.replicated == "suffix":
+            q, k, v = (torch.cat([t, r], 1) for r, t in ((rq, q), (rk, k), (rv, v)))
+        elif case.replicated == "kv_prefix":
+            k, v = torch.cat([rk, k], 1), torch.cat([rv, v], 1)
+        out, lse = attn(q, k, v, **counts, return_softmax_lse=True)
+    gq, gk, gv = _global_sequence(case, x)
+    out_ref, lse_ref = _attention(gq.float(), gk.float(), gv.float(), case.causal)
+    out_lowp = _attention_lowp(gq, gk, gv, case.causal)
+    rows = _my_rows(case, positions)
+    return dict(out=out, lse=lse, out_ref=out_ref[:, rows], lse_ref=lse_ref[:, rows], out_lowp=out_lowp[:, rows],
+                replicated=replicated)
+
+
+@dataclass(frozen=True)
+class ErrorCase:
+    """A bad call every rank makes; each must raise ``exc`` with a message matching ``pattern``."""
+
+    name: str
+    exc: type
+    pattern: str
+    call: Callable  # (api, groups_for) -> None; groups_for(U, R) gives this rank's groups
+
+
+def _qkv(h=4, hkv=4, seq=8, batch=1, dim=HEAD_DIM):
+    return torch.randn(batch, seq, h, dim), torch.randn(batch, seq, hkv, dim), torch.randn(batch, seq, hkv, dim)
+
+
+def _ulysses(api, groups_for, world, h=4, hkv=4, **kw):
+    return api.UlyssesAttention(h, HEAD_DIM, hkv, groups=groups_for(world, 1), **kw)
+
+
+def _error_cases(world: int) -> list[ErrorCase]:
+    w = world
+    odd = 3 * w // 2  # a head count the world size does not divide
+    rep = _qkv(seq=2)
+    cases = [
+        ErrorCase("ulysses-non-4d", ValueError, r"Expected 4D tensors",
+                  lambda api, g: _ulysses(api, g, w)(torch.randn(8, 4, HEAD_DIM), *_qkv()[1:])),
+        ErrorCase("ulysses-replicated-partial", ValueError, re.escape("Replicated Q, K, and V must be provided together."),
+                  lambda api, g: _ulysses(api, g, w)(*_qkv(), rep[0], None, rep[2])),
+        ErrorCase("kv-gather-replicated-partial", ValueError, re.escape("Replicated Q, K, and V must be provided together."),
+                  lambda api, g: _ulysses(api, g, w, sp_attention_mode="kv_gather")(*_qkv(), None, rep[1], None)),
+        ErrorCase("kv-gather-varlen", NotImplementedError, re.escape("K/V-gather SP does not support varlen UlyssesAttention."),
+                  lambda api, g: _ulysses(api, g, w, sp_attention_mode="kv_gather")(*_qkv(), seq_lens=[8] * w)),
+        ErrorCase("kv-gather-causal", ValueError, re.escape("K/V-gather SP does not support causal attention."),
+                  lambda api, g: _ulysses(api, g, w, causal=True, sp_attention_mode="kv_gather")),
+        ErrorCase("ulysses-varlen-replicated", ValueError, "Varlen Ulysses attention does not support replicated QKV",
+                  lambda api, g: _ulysses(api, g, w)(*_qkv(), *rep, seq_lens=[8] * w)),
+        ErrorCase("ulysses-heads-not-divisible", ValueError,
+                  rf"num_heads \({odd}\) must be divisible by the sequence parallel world size \({w}\)",
+                  lambda api, g: _ulysses(api, g, w, h=odd, hkv=odd)(*_qkv(odd, odd))),
+        ErrorCase("ulysses-kv-heads-not-divisible", ValueError, rf"num_kv_heads \(1\) must be divisible by the sequence parallel world size",
+                  lambda api, g: _ulysses(api, g, w, h=4, hkv=1)(*_qkv(4, 1))),
+        ErrorCase("ulysses-seq-lens-length", ValueError, rf"seq_lens must have length {w}, got {w + 1}",
+                  lambda api, g: _ulysses(api, g, w)(*_qkv(), seq_lens=[8] * (w + 1))),
+        ErrorCase("ulysses-seq-lens-local", ValueError, r"s_local \(8\) must equal seq_lens\[\d\] \(7\)",
+                  lambda api, g: _ulysses(api, g, w)(*_qkv(), seq_lens=[7] * w)),
+        ErrorCase("ulysses-shapes", ValueError, r"k and v must have q's sequence length",
+                  lambda api, g: _ulysses(api, g, w)(*_qkv()[:2], torch.randn(1, 7, 4, HEAD_DIM))),
+        ErrorCase("usp-modes", ValueError, re.escape("USPAttention supports at most one replicated-token mode per call."),
+                  lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(*_qkv(), num_replicated_prefix=1, num_replicated_suffix=1)),
+        ErrorCase("usp-zigzag-odd-block", ValueError, r"the zigzag layout needs an even number of rows per ring block",
+                  lambda api, g: api.USPAttention(4, HEAD_DIM, causal=True, groups=g(1, w), zigzag=True)(*_qkv(seq=7))),
+        ErrorCase("usp-replicated-too-long", ValueError, r"num_replicated_suffix \(8\) must be smaller than q's local sequence length \(8\)",
+                  lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(*_qkv(), num_replicated_suffix=8)),
+        ErrorCase("ring-zigzag-odd", ValueError, r"the zigzag layout needs an even number of rows per ring block",
+                  lambda api, g: api.ring_attention(*_qkv(seq=7), g(1, w).ring_group, causal=True, zigzag=True)),
+        ErrorCase("ring-non-4d", ValueError, r"Expected 4D tensors",
+                  lambda api, g: api.ring_attention(torch.randn(8, 4, HEAD_DIM), *_qkv()[1:], g(1, w).ring_group)),
+        ErrorCase("all-to-all-heads", ValueError, rf"head dimension \(3\) must be divisible by sequence parallel world size \({w}\)",
+                  lambda api, g: sp.all_to_all_4d(torch.randn(1, 4, 3, 2), 2, 1, g(w, 1).sp_group)),
+        ErrorCase("all-to-all-seq", ValueError, rf"sequence dimension \(5\) must be divisible by sequence parallel world size \({w}\)",
+                  lambda api, g: sp.all_to_all_4d(torch.randn(1, 5, 4, 2), 1, 2, g(w, 1).sp_group)),
+        ErrorCase("all-to-all-dims", ValueError, r"Invalid scatter_dim=1, gather_dim=3",
+                  lambda api, g: sp.all_to_all_4d(torch.randn(1, 4, 4, 2), 1, 3, g(w, 1).sp_group)),
+        ErrorCase("all-to-all-non-4d", ValueError, r"input must be 4D tensor, got 3",
+                  lambda api, g: sp.all_to_all_4d(torch.randn(4, 4, 2), 2, 1, g(w, 1).sp_group)),
+        ErrorCase("all-gather-dim", ValueError, r"Invalid dim \(3\) for input tensor with shape",
+                  lambda api, g: sp.all_gather(torch.randn(2, 2, 2), 3, g(w, 1).sp_group)),
+    ]
+    if world == 4:
+        cases += [
+            ErrorCase("ulysses-under-ring", NotImplementedError, r"UlyssesAttention's all-to-all spans the combined sequence parallel group",
+                      lambda api, g: api.UlyssesAttention(4, HEAD_DIM, groups=g(2, 2))),
+            ErrorCase("usp-heads-not-divisible", ValueError, r"num_kv_heads \(1\) must be divisible by the Ulysses degree \(2\)",
+                      lambda api, g: api.USPAttention(4, HEAD_DIM, 1, groups=g(2, 2))(*_qkv(4, 1))),
+        ]
+    else:
+        cases.append(ErrorCase("ulysses-under-ring", NotImplementedError, r"UlyssesAttention's all-to-all spans the combined sequence parallel group",
+                               lambda api, g: api.UlyssesAttention(4, HEAD_DIM, groups=g(1, 2))))
+    return cases
+
+
+def run_rank(api_name: str, case_ids: list[str], world: int, with_errors: bool = True) -> dict:
+    """Body of every rank: the cases named ``case_ids`` and (optionally) all error cases."""
+    import importlib
+
+    api = importlib.import_module(f"{api_name}.sequence_parallel")
+    groups: dict[tuple[int, int], sp.SequenceParallelGroups] = {}
+
+    def groups_for(u, r):
+        if (u, r) not in groups:  # the same creation order on every rank (new_group is collective)
+            groups[(u, r)] = sp.init_sequence_parallel_groups(u, r)
+        return groups[(u, r)]
+
+    for u, r in [(world, 1), (1, world)] + ([(2, 2)] if world == 4 else []):
+        groups_for(u, r)
+    by_id = {case.id: case for case in CASES[world]}
+    torch.manual_seed(0)
+    report: dict = {"cases": {}, "errors": {}}
+    for case_id in case_ids:
+        case = by_id[case_id]
+        report["cases"][case_id] = run_case(api, case, groups_for(case.ulysses_degree, case.ring_degree))
+    for error in _error_cases(world) if with_errors else []:
+        try:
+            error.call(api, groups_for)
+            report["errors"][error.name] = None
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which checks type and text
+            report["errors"][error.name] = (type(exc), str(exc))
+    return report
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checks of the reports
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_case(reports: list[dict], case: Case) -> None:
+    """Every rank's rows match the single-device reference; replicated outputs agree across ranks."""
+    for rank, report in enumerate(reports):
+        r = report["cases"][case.id]
+        assert r["out"].dtype == getattr(torch, case.dtype), f"rank {rank}"
+        assert_close_fa(r["out"], r["out_ref"], r["out_lowp"])
+        assert_lse_close(r["lse"], r["lse_ref"])
+    if case.scheme in ("ulysses", "kv_gather", "auto") and case.replicated:
+        first = reports[0]["cases"][case.id]["replicated"]
+        for report in reports[1:]:
+            assert torch.equal(report["cases"][case.id]["replicated"], first)  # all-gathered / same inputs
+
+
+def check_error(reports: list[dict], error: ErrorCase) -> None:
+    """Every rank raised ``error.exc`` with the expected text."""
+    for rank, report in enumerate(reports):
+        got = report["errors"][error.name]
+        assert got is not None, f"rank {rank}: {error.name} raised nothing"
+        exc_type, message = got
+        assert exc_type is error.exc, f"rank {rank}: {exc_type.__name__}: {message}"
+        assert re.search(error.pattern, message), f"rank {rank}: {message!r}"
+
+
+def _spawn(world: int) -> list[dict]:
+    return sp.launch(run_rank, world, ("attn_ref", [c.id for c in CASES[world]], world), timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return _spawn(2)
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    return _spawn(4)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("case", CASES[2], ids=lambda c: c.id)
+def test_two_ranks_match_single_device(two_ranks, case):
+    check_case(two_ranks, case)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("error", _error_cases(2), ids=lambda e: e.name)
+def test_two_ranks_errors_on_every_rank(two_ranks, error):
+    check_error(two_ranks, error)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("case", CASES[4], ids=lambda c: c.id)
+def test_four_ranks_match_single_device(four_ranks, case):
+    check_case(four_ranks, case)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("error", _error_cases(4), ids=lambda e: e.name)
+def test_four_ranks_errors_on_every_rank(four_ranks, error):
+    check_error(four_ranks, error)

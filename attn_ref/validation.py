@@ -14,7 +14,7 @@ Order of the checks:
    stride messages with ``assert``; here they are ``ValueError`` with the same text.
 2. This package's extra checks, for what upstream leaves to C++ ``TORCH_CHECK`` s (``RuntimeError``)
    or to undefined behaviour: types, dtypes, devices, shapes, head divisibility, index ranges, cache
-   capacity, rotary table length, conflicting cache writes.
+   capacity, page size, rotary table length, qv/out strides, conflicting cache writes.
 
 The result is a :class:`KVCacheCall`: the resolved arguments plus per-batch lengths as Python ints,
 which is everything an implementation needs to compute the answer.

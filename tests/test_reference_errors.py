@@ -77,6 +77,9 @@ UPSTREAM_ORDER = {
     "only_qv_without_qv_default_scale": (
         lambda a: dict(a, only_qv=True),
         ValueError, "only_qv=True requires qv to be provided"),
+    "upstream_checks_before_package_checks": (
+        lambda a: dict(a, q=None, k=a["k"].half(), page_table=torch.zeros(2, 2), softcap=-1.0, num_splits=999),
+        ValueError, "q can only be None when only_qv=True"),
 }
 
 PACKAGE_CHECKS = {

@@ -18,7 +18,7 @@ Template extraction (the message argument is the first positional argument of th
   an f-string) is inlined as the text it renders to.
 * anything else (a message computed elsewhere) is *dynamic*: the template is one placeholder.
 
-Regex: literal text escaped, each placeholder a lazy ``(?P<name>.+?)`` group (a repeated expression
+Regex: literal text escaped, each placeholder a lazy ``(?P<name>.*?)`` group (a value may render empty) (a repeated expression
 becomes a back-reference), anchored ``\\A...\\Z`` with DOTALL. A placeholder is narrowed when its type
 is evident from the code: a ``:d`` spec or an ``int`` annotation or ``len()`` -> an integer, a
 ``torch.dtype`` annotation or a ``.dtype`` attribute -> ``torch.<name>``, ``tuple(...)`` -> a
@@ -48,7 +48,7 @@ _DTYPE = r"torch\.\w+"
 _DEVICE = r"[\w:]+"
 _TUPLE = r"\(.*?\)"
 _IDENTIFIER = r"[\w.]+"
-_ANY = r".+?"
+_ANY = r".*?"
 
 
 @dataclass

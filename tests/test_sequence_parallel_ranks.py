@@ -232,7 +232,7 @@ def _ulysses(api, groups_for, world, h=4, hkv=4, **kw):
     return api.UlyssesAttention(h, HEAD_DIM, hkv, groups=groups_for(world, 1), **kw)
 
 
-def _error_cases(world: int) -> list[ErrorCase]:
+def error_cases(world: int) -> list[ErrorCase]:
     w = world
     odd = 3 * w // 2  # a head count the world size does not divide
     rep = _qkv(seq=2)
@@ -314,7 +314,7 @@ def run_rank(api_name: str, case_ids: list[str], world: int, with_errors: bool =
     for case_id in case_ids:
         case = by_id[case_id]
         report["cases"][case_id] = run_case(api, case, groups_for(case.ulysses_degree, case.ring_degree))
-    for error in _error_cases(world) if with_errors else []:
+    for error in error_cases(world) if with_errors else []:
         try:
             error.call(api, groups_for)
             report["errors"][error.name] = None
@@ -372,7 +372,7 @@ def test_two_ranks_match_single_device(two_ranks, case):
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("error", _error_cases(2), ids=lambda e: e.name)
+@pytest.mark.parametrize("error", error_cases(2), ids=lambda e: e.name)
 def test_two_ranks_errors_on_every_rank(two_ranks, error):
     check_error(two_ranks, error)
 
@@ -384,6 +384,6 @@ def test_four_ranks_match_single_device(four_ranks, case):
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("error", _error_cases(4), ids=lambda e: e.name)
+@pytest.mark.parametrize("error", error_cases(4), ids=lambda e: e.name)
 def test_four_ranks_errors_on_every_rank(four_ranks, error):
     check_error(four_ranks, error)

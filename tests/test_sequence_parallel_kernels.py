@@ -1,0 +1,50 @@
+"""The sequence-parallel schemes on the Triton kernels (interpreter on CPU), across real gloo ranks.
+
+:mod:`kernels.sequence_parallel` binds the shared SP code to ``kernels.flash_attn_with_kvcache`` and
+``kernels.merge_attention_states``; this module runs the cases and error cases of
+:mod:`test_sequence_parallel_ranks` with it (one spawn per rank count) and applies the same checks:
+every rank's rows match single-device attention over the whole sequence.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("kernels.sequence_parallel", reason="kernels.flash_attn_with_kvcache / merge_attention_states missing")
+
+from attn_ref import sequence_parallel as sp  # noqa: E402
+from test_sequence_parallel_ranks import CASES, check_case, check_error, error_cases, run_rank  # noqa: E402
+
+SPAWN_TIMEOUT_S = 300
+
+
+def _spawn(world: int) -> list[dict]:
+    return sp.launch(run_rank, world, ("kernels", [c.id for c in CASES[world]], world), timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return _spawn(2)
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    return _spawn(4)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("case", CASES[2], ids=lambda c: c.id)
+def test_kernels_two_ranks_match_single_device(two_ranks, case):
+    check_case(two_ranks, case)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("error", error_cases(2), ids=lambda e: e.name)
+def test_kernels_two_ranks_errors_on_every_rank(two_ranks, error):
+    check_error(two_ranks, error)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("case", CASES[4], ids=lambda c: c.id)
+def test_kernels_four_ranks_match_single_device(four_ranks, case):
+    check_case(four_ranks, case)

@@ -1,4 +1,4 @@
-"""MkDocs hook: include a Python function or class from the real source by name.
+"""MkDocs hook: include a Python function, class or assignment from the real source by name.
 
 A line of the form::
 
@@ -14,7 +14,9 @@ the file's own line numbers and titled with the path::
 
 The line range is found with :mod:`ast` at every build, so the page always shows the current code;
 a definition that no longer exists fails the build. A dotted name (``"KVCacheCall.paged"``) reaches
-into a class.
+into a class; a module-level assignment (``"REFERENCE_BACKEND"``) is found by its target name.
+``{{ source("attn_ref/kvcache.py", "attend", body=True) }}`` shows only the statements after the
+signature and docstring (for functions whose signature is shown elsewhere on the page).
 """
 
 from __future__ import annotations
@@ -25,23 +27,39 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
-DIRECTIVE = re.compile(r'^(?P<indent>[ \t]*)\{\{ source\("(?P<path>[^"]+)", "(?P<name>[^"]+)"\) \}\}[ \t]*$', re.M)
+DIRECTIVE = re.compile(
+    r'^(?P<indent>[ \t]*)\{\{ source\("(?P<path>[^"]+)", "(?P<name>[^"]+)"(?P<body>, body=True)?\) \}\}[ \t]*$', re.M
+)
 
 
-def definition_lines(path: Path, qualname: str) -> tuple[int, int]:
-    """First and last line (1-based, decorators included) of the definition ``qualname`` in ``path``."""
+def definition_lines(path: Path, qualname: str, body_only: bool = False) -> tuple[int, int]:
+    """First and last line (1-based, decorators included) of the definition ``qualname`` in ``path``.
+
+    ``body_only``: start at the first statement after the signature and the docstring instead.
+    """
     body = ast.parse(path.read_text(encoding="utf-8")).body
     node = None
     for part in qualname.split("."):
-        node = next(
-            (n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part),
-            None,
-        )
+        node = next((n for n in body if part in _names(n)), None)
         if node is None:
             raise PluginError(f"source include: {path} has no definition {qualname!r}")
-        body = node.body
-    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        body = getattr(node, "body", [])
+    if body_only:
+        statements = node.body[1:] if ast.get_docstring(node) is not None else node.body
+        return statements[0].lineno, node.end_lineno
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
     return start, node.end_lineno
+
+
+def _names(node: ast.stmt) -> list[str]:
+    """Names a statement defines: a function, a class, or the targets of an assignment."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    return []
 
 
 def _code_block(match: re.Match, root: Path) -> str:
@@ -49,9 +67,10 @@ def _code_block(match: re.Match, root: Path) -> str:
     path = root / rel
     if not path.is_file():
         raise PluginError(f"source include: no file {rel}")
-    start, end = definition_lines(path, name)
+    start, end = definition_lines(path, name, body_only=bool(match["body"]))
+    title = f"{rel}: body of {name}" if match["body"] else rel
     lines = [
-        f'```python title="{rel}" linenums="{start}"',
+        f'```python title="{title}" linenums="{start}"',
         f'--8<-- "{rel}:{start}:{end}"',
         "```",
     ]

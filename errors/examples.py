@@ -12,12 +12,15 @@ Every example is ``examples.setup`` followed by the example's ``code``, executed
   ``True`` and every one of ``false_cases`` to ``False`` (real bools).
 
 An entry whose ``examples.requires`` names ``"cuda"`` is skipped, not passed, without a CUDA device.
+Without one, Triton kernels in examples run through Triton's interpreter: ``TRITON_INTERPRET=1`` is
+set (as ``tests/conftest.py`` does) before the first example runs, unless it is set already.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import warnings
 from pathlib import Path
@@ -29,7 +32,15 @@ from . import catalog as cat
 CLEAN_KINDS = ("fixed", "guard", "recovery")
 
 
+def _use_triton_interpreter_without_cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def _run(entry: dict, kind: str, code: str) -> dict:
+    _use_triton_interpreter_without_cuda()
     namespace = {"__name__": f"errors_example_{kind}"}
     setup = entry["examples"].get("setup", "")
     label = f"<{entry['slug']}:{kind}>"

@@ -49,8 +49,8 @@ from .paged import token_offsets
 from .rotary import load_rotated
 from .splits import AttentionTiles
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
 
 
 @triton.jit

@@ -93,12 +93,9 @@ def flash_attn_with_kvcache(
         q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
         softcap, rotary_interleaved, num_splits, only_qv, sinks, out,
     )
-    call = _kernel_ready(call)
-    meta = batch_metadata(call)
-    append = plan_append(call, meta)
-    if append is not None:
-        append.run()
-    result, lse, out_accum, lse_accum = attend(call, meta)
+    launches, (result, lse, out_accum, lse_accum) = plan_kvcache(call)
+    for launch in launches:
+        launch.run()
     if return_softmax_lse:
         return result, lse, out_accum, lse_accum
     return result
@@ -111,17 +108,28 @@ def batch_metadata(call: KVCacheCall) -> dict[str, torch.Tensor]:
     return dict(zip(METADATA_FIELDS, table))
 
 
-def attend(call: KVCacheCall, meta: dict):
-    """Attention for every batch entry; returns ``(out, lse, out_accum, lse_accum)`` (module docstring)."""
+def plan_kvcache(call: KVCacheCall):
+    """Plan a validated call: ``(launches, (out, lse, out_accum, lse_accum))``.
+
+    The result tensors are allocated here and filled by running ``launches`` in order (append,
+    attention, combine). ``tests/test_kernel_compile.py`` compiles these same launches for sm_90/sm_80.
+    """
+    call = _kernel_ready(call)
+    meta = batch_metadata(call)
+    append = plan_append(call, meta)
+    launches, results = plan_attend(call, meta)
+    return ([append] if append is not None else []) + launches, results
+
+
+def plan_attend(call: KVCacheCall, meta: dict):
+    """Attention launches and their result tensors ``(out, lse, out_accum, lse_accum)`` (module docstring)."""
     h, dv, device, total_q = call.num_heads, call.head_dim_v, call.v_cache.device, call.total_q
     tiles = attention_tiles(call.num_heads // call.num_heads_k, max(call.seqlens_q, default=0),
                             call.head_dim, dv)
-    n = call.num_splits or _heuristic_splits(call, tiles)
-    if call.empty_kv:
-        n = max(call.num_splits, 1)
+    n = max(call.num_splits, 1) if call.empty_kv else call.num_splits or _heuristic_splits(call, tiles)
 
-    out_shape = (*call.q.shape[:-1], dv)
     # The validation guarantees a given `out` has the right shape, dtype and a contiguous last axis.
+    out_shape = (*call.q.shape[:-1], dv)
     result = call.out if call.out is not None else torch.empty(out_shape, dtype=call.out_dtype, device=device)
     lse = torch.empty((h, total_q) if call.varlen_q else (call.batch_size, h, call.q.shape[1]),
                       dtype=torch.float32, device=device)
@@ -130,22 +138,25 @@ def attend(call: KVCacheCall, meta: dict):
     if n > 1:  # the reference's layouts: (n, b, h, sq, dv) / (n, h, total_q, dv)
         accum = torch.empty((n, *lse.shape, dv), dtype=torch.float32, device=device)
         lse_accum = torch.empty((n, *lse.shape), dtype=torch.float32, device=device)
+    results = (result, lse, accum, lse_accum)
 
-    if call.empty_kv:  # a zero-length cache with nothing appended: FA3's (0, +inf)
+    if call.empty_kv:  # a zero-length cache with nothing appended: FA3's (0, +inf), no kernel
         result.zero_()
         lse.fill_(float("inf"))
         if accum is not None:
             accum.zero_()
             lse_accum.fill_(float("-inf"))
-    elif total_q > 0 and n == 1:
-        plan_attention(call, meta, out_view[None], lse_view[None], 1, tiles).run()
-    elif total_q > 0:
-        accum_view = accum if not call.varlen_q else accum[:, None]  # (n, A0, h, rows, dv)
-        lse_accum_view = lse_accum if not call.varlen_q else lse_accum[:, None]  # (n, A0, h, rows)
-        plan_attention(call, meta, accum_view, lse_accum_view, n, tiles).run()
-        plan_merge(accum_view[0], lse_accum_view[0], accum_view[1:], lse_accum_view[1:],
-                   out_view, lse_view).run()
-    return result, lse, accum, lse_accum
+        return [], results
+    if total_q == 0:
+        return [], results
+    if n == 1:
+        return [plan_attention(call, meta, out_view[None], lse_view[None], 1, tiles)], results
+    accum_view = accum if not call.varlen_q else accum[:, None]  # (n, A0, h, rows, dv)
+    lse_accum_view = lse_accum if not call.varlen_q else lse_accum[:, None]  # (n, A0, h, rows)
+    return [
+        plan_attention(call, meta, accum_view, lse_accum_view, n, tiles),
+        plan_merge(accum_view[0], lse_accum_view[0], accum_view[1:], lse_accum_view[1:], out_view, lse_view),
+    ], results
 
 
 def _heuristic_splits(call: KVCacheCall, tiles) -> int:

@@ -1,0 +1,141 @@
+"""Every kernel variant the launchers run compiles for CUDA sm_90 and sm_80, without a GPU.
+
+The variants are real calls (:func:`kvcache_cases.make_case`) planned by
+:func:`kernels.kvcache.plan_kvcache`, the function ``flash_attn_with_kvcache`` itself runs: the
+exact kernels, tiles, warps, stages and compile-time switches of a GPU launch (append, attention,
+split combine), plus the standalone merge. Each is handed to ``triton.compile(ASTSource(...),
+target=GPUTarget("cuda", arch, 32))``, which produces PTX and a cubin on a CPU machine.
+
+Compiling needs real ``@triton.jit`` functions, but the test session imports :mod:`kernels` in
+interpreter mode, so the compilation runs in a subprocess without ``TRITON_INTERPRET`` (this file
+is also its script). fp8 variants are compiled for sm_90 only (e4m3 needs sm_89+).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+FP8 = torch.float8_e4m3fn
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+#: name -> (make_case arguments, extra call arguments). Together they switch on every constexpr
+#: branch of the kernels: dtypes, paged/contiguous, decode/prefill tiles, masks, softcap, qv,
+#: only_qv, rotary (both layouts, fixed and moving positions), sinks, descale, splits.
+VARIANTS = {
+    "decode_bf16_gqa_paged64_split": (dict(dtype=BF16, heads=32, heads_k=8, d=128, seqlen_q=1, seqlen_new=1,
+                                           capacity=512, page_size=64), dict(num_splits=4)),
+    "decode_fp16_mha_contiguous": (dict(dtype=FP16, heads=8, heads_k=8, d=128, seqlen_q=1, capacity=256),
+                                   dict(num_splits=1)),
+    "prefill_bf16_gqa_causal_paged": (dict(dtype=BF16, heads=32, heads_k=8, d=128, seqlen_q=256, seqlen_new=256,
+                                           capacity=1024, page_size=64, causal=True), dict(num_splits=1)),
+    "prefill_fp16_window_chunk_softcap_sinks": (dict(dtype=FP16, heads=6, heads_k=2, d=64, seqlen_q=64,
+                                                     seqlen_new=8, capacity=256, window=(40, 3), chunk=32,
+                                                     softcap=5.0, sinks=True, leftpad=True, batch_idx=True),
+                                                dict(num_splits=2)),
+    "fp32_varlen_ieee": (dict(dtype=FP32, heads=4, heads_k=2, d=64, seqlen_q=9, seqlen_new=3, varlen_q=True,
+                              varlen_new=True, capacity=64, causal=True), dict(num_splits=1)),
+    "mqa_odd_heads_d256": (dict(dtype=BF16, heads=5, heads_k=1, d=256, seqlen_q=32, capacity=128, causal=True),
+                           dict(num_splits=1)),
+    "qv_mla_bf16": (dict(dtype=BF16, heads=16, heads_k=1, d=64, dv=512, qv=True, seqlen_q=1, capacity=256,
+                         page_size=64), dict(num_splits=3)),
+    "only_qv_fp16": (dict(dtype=FP16, heads=16, heads_k=1, d=64, dv=256, only_qv=True, seqlen_q=2, capacity=128),
+                     dict(num_splits=1)),
+    "rotary_gptj_causal_bf16": (dict(dtype=BF16, heads=8, heads_k=2, d=128, rotary_dim=64, seqlen_q=4,
+                                     seqlen_new=4, capacity=128, causal=True, page_size=16), dict(num_splits=1)),
+    "rotary_neox_fixed_fp16": (dict(dtype=FP16, heads=8, heads_k=2, d=64, rotary_dim=64, rotary_interleaved=False,
+                                    seqlen_q=1, seqlen_new=1, capacity=128), dict(num_splits=1)),
+    "fp8_descale_rotary_split": (dict(dtype=FP8, heads=32, heads_k=8, d=128, rotary_dim=128, seqlen_q=1,
+                                      seqlen_new=1, capacity=256, page_size=64, descale=True), dict(num_splits=2)),
+    "fp8_prefill_causal": (dict(dtype=FP8, heads=32, heads_k=8, d=128, seqlen_q=128, capacity=256, causal=True,
+                                descale=True), dict(num_splits=1)),
+}
+ARCHS = [90, 80]
+POINTER_TYPES = {FP16: "fp16", BF16: "bf16", FP32: "fp32", FP8: "fp8e4nv", torch.int32: "i32"}
+
+
+def _signature(launch) -> tuple[dict, dict]:
+    """``(signature, constexprs)`` of a planned launch for ``ASTSource``."""
+    args = launch.runtime_args()
+    signature = {}
+    for name in launch.kernel.arg_names:
+        if name in launch.constexprs:
+            signature[name] = "constexpr"
+        elif isinstance(args[name], torch.Tensor):
+            signature[name] = "*" + POINTER_TYPES[args[name].dtype]
+        elif isinstance(args[name], int):
+            signature[name] = "i32" if -(2**31) <= args[name] < 2**31 else "i64"
+        else:
+            signature[name] = "fp32"
+    return signature, dict(launch.constexprs)
+
+
+def _variant_launches(case: dict, knobs: dict):
+    """The launches ``kernels.flash_attn_with_kvcache`` runs for one call, plus a standalone merge."""
+    from attn_ref.validation import check_kvcache_args
+    from kernels.kvcache import plan_kvcache
+    from kernels.merge import plan_merge
+    from kvcache_cases import make_case
+
+    args = make_case(**case)
+    if args.get("cache_seqlens") is not None and args.get("k") is None:
+        args["cache_seqlens"] = torch.full_like(args["cache_seqlens"], case["capacity"])  # long contexts
+    launches, (out, lse, _, _) = plan_kvcache(check_kvcache_args(**args, **knobs))
+    states = torch.zeros(2, 1, 1, 15, 64)  # merge_attention_states: two fp32 states (A0, A1, A2, dim)
+    lses = torch.zeros(2, 1, 1, 15)
+    merged, merged_lse = torch.empty(1, 1, 15, 64, dtype=out.dtype), torch.empty(1, 1, 15)
+    launches.append(plan_merge(states[0], lses[0], states[1:], lses[1:], merged, merged_lse))
+    return launches
+
+
+def compile_all(arch: int) -> dict[str, str]:
+    """Compile every variant for ``cuda`` ``arch``; returns ``{variant/kernel: "ok" or the error}``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    results, seen = {}, set()
+    for name, (case, knobs) in VARIANTS.items():
+        if arch < 89 and case["dtype"] == FP8:
+            continue
+        for launch in _variant_launches(case, knobs):
+            signature, constexprs = _signature(launch)
+            key = (launch.kernel.__name__, json.dumps(signature, sort_keys=True), repr(sorted(constexprs.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            label = f"{name}/{launch.kernel.__name__}"
+            try:
+                source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs)
+                compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                                          options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+                assert compiled.asm.get("cubin"), "no cubin produced"
+                results[label] = "ok"
+            except Exception as error:  # reported per variant by the test below
+                results[label] = f"{type(error).__name__}: {error}"[:2000]
+    return results
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=[f"sm_{a}" for a in ARCHS])
+def test_every_kernel_variant_compiles(arch):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tests_dir = Path(__file__).parent
+    env["PYTHONPATH"] = os.pathsep.join([str(tests_dir), str(tests_dir.parent), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, __file__, str(arch)], env=env, capture_output=True, text=True,
+                          timeout=500)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    failed = {label: error for label, error in results.items() if error != "ok"}
+    assert not failed, "\n\n".join(f"{label}: {error}" for label, error in failed.items())
+    kernels_compiled = {label.split("/")[1] for label in results}
+    assert kernels_compiled == {"_append_kv_kernel", "_attention_kernel", "_merge_states_kernel"}, results
+
+
+if __name__ == "__main__":
+    print(json.dumps(compile_all(int(sys.argv[1]))))

@@ -52,6 +52,7 @@ def make_case(
     placeholders: bool = False,
     descale: bool = False,
     full_cache: bool = False,
+    softmax_scale: Optional[float] = None,
     seed: int = 0,
 ) -> dict:
     """Keyword arguments of one valid call.
@@ -73,6 +74,8 @@ def make_case(
         _ints(gen, 0, capacity - (n or 0), 1)[0] for n in (new or [0] * batch)
     ]
     args: dict = dict(causal=causal, window_size=window, attention_chunk=chunk, softcap=softcap)
+    if softmax_scale is not None:
+        args["softmax_scale"] = softmax_scale
     if not full_cache:
         args["cache_seqlens"] = torch.tensor(cached, dtype=torch.int32)
     if leftpad:

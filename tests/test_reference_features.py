@@ -77,6 +77,29 @@ def test_only_qv_placeholder_k_cache_default_scale():
     assert torch.equal(default[0], scaled[0])
 
 
+def test_only_qv_sglang_setup():
+    """sglang's only_qv test: bf16, one query, one KV head, dv=512, page size 1, full cache,
+    q=None and k_cache=None; fp32 softmax(qv V^T / sqrt(dv)) V, max error 8e-3, mean 3e-4."""
+    gen = torch.Generator().manual_seed(14)
+    b, sk, h, dv = 2, 129, 8, 512
+    qv = torch.randn(b, 1, h, dv, generator=gen).bfloat16()
+    v_cache = torch.randn(b * sk, 1, 1, dv, generator=gen).bfloat16()
+    page_table = torch.arange(b * sk, dtype=torch.int32).view(b, sk)
+    out = flash_attn_with_kvcache(None, None, v_cache, qv=qv, page_table=page_table, only_qv=True, num_splits=1,
+                                  cache_seqlens=torch.full((b,), sk, dtype=torch.int32))
+    v = v_cache.float().view(b, sk, dv)
+    p = (torch.einsum("bhd,bsd->bhs", qv[:, 0].float(), v) / dv ** 0.5).softmax(-1)
+    expected = torch.einsum("bhs,bsd->bhd", p, v)[:, None].bfloat16()
+    err = (out.float() - expected.float()).abs()
+    assert err.max() <= 8e-3 and err.mean() <= 3e-4
+
+
+def test_duplicate_cache_rows_without_append():
+    case = make_case(batch=3, batch_idx=True, causal=True, seed=15)
+    case["cache_batch_idx"] = torch.tensor([1, 1, 4], dtype=torch.int32)  # reading one row twice is fine
+    assert_matches_oracle(flash_attn_with_kvcache, case)
+
+
 @pytest.mark.parametrize("interleaved", [True, False], ids=["gptj", "neox"])
 @pytest.mark.parametrize("rotary_dim", [16, 32], ids=["partial", "full"])
 @pytest.mark.parametrize("mode", ["none", "causal", "window", "chunk"])

@@ -40,7 +40,8 @@ def cases(draw):
         chunk=draw(st.one_of(st.none(), st.integers(0, 6))),
         softcap=draw(st.sampled_from([0.0, 1.5])), sinks=draw(st.booleans()),
         qv=qv, only_qv=only_qv, placeholders=only_qv and draw(st.booleans()),
-        descale=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
+        descale=draw(st.booleans()), softmax_scale=draw(st.one_of(st.none(), st.floats(0.05, 1.0))),
+        seed=draw(st.integers(0, 2**16)),
     )
 
 

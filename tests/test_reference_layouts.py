@@ -192,3 +192,21 @@ def test_append_writes_only_the_new_slots():
         expected |= {(int(table[rows[i], p // 2]), p % 2) for p in range(c, c + 3)}
     assert {tuple(slot) for slot in changed} == expected
     assert torch.equal(after["k_cache"] != args["k_cache"], after["v_cache"] != args["v_cache"])
+
+
+def test_append_into_cache_views_and_shared_seqlens_tensor():
+    """Caches that are views of larger buffers are updated in place (callers reuse them), and
+    ``rotary_seqlens`` may be the very ``cache_seqlens`` tensor; no index tensor is modified."""
+    args = make_case(batch=2, seqlen_new=2, capacity=10, d=32, rotary_dim=16, causal=True, seed=13)
+    buffers = [torch.zeros(3, 12, 2, 32) for _ in range(2)]
+    views = [buf[1:, 1:11] for buf in buffers]  # (2, 10, 2, 32), stride(-1) == 1, not contiguous
+    for view, name in zip(views, ("k_cache", "v_cache")):
+        view.copy_(args[name])
+    seqlens = args["cache_seqlens"].clone()
+    call = dict(args, k_cache=views[0], v_cache=views[1], rotary_seqlens=args["cache_seqlens"])
+    out = flash_attn_with_kvcache(**call)
+    expected = clone_args(args)
+    assert torch.equal(out, flash_attn_with_kvcache(**expected, rotary_seqlens=expected["cache_seqlens"]))
+    assert torch.equal(buffers[0][1:, 1:11], expected["k_cache"]) and torch.equal(buffers[1][1:, 1:11], expected["v_cache"])
+    assert all(not buf[0].any() and not buf[:, 0].any() and not buf[:, 11].any() for buf in buffers)
+    assert torch.equal(args["cache_seqlens"], seqlens)

@@ -45,6 +45,9 @@ def gather_cache(
 ) -> torch.Tensor:
     """Read positions ``(n,)`` of cache row ``row``: returns ``(n, h_k, dim)`` (a copy)."""
     major, minor = cache_slots(row, positions.to(cache.device), page_table, cache.shape[1])
+    if cache.stride(0) == cache.shape[1] * cache.stride(1):
+        # Same values as cache[major, minor], but a row copy per slot: ~5x faster on CPU (benchmarks/).
+        return cache.flatten(0, 1).index_select(0, major * cache.shape[1] + minor)
     return cache[major, minor]
 
 

@@ -18,6 +18,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from tolerance import assert_close_fa, assert_lse_close, assert_one_rounding_apart
+
 FP8 = torch.float8_e4m3fn
 
 
@@ -207,13 +209,12 @@ def kvcache_oracle(
 
     # 2. Attention of each sequence over its valid keys [leftpad, cache_seqlens + new).
     compute = torch.float32 if upcast else out_dtype
+    cast = (lambda x: None if x is None else x.to(compute))  # noqa: E731
     out = torch.zeros(q_off[-1], h, dv, dtype=out_dtype)
-    lse = torch.full((h, q_off[-1]), float("-inf"))
+    # Zero-length KV tensors (no cache tokens, nothing appended): FA3 skips the kernel, lse = +inf.
     empty_kv = not paged and v_cache.shape[1] == 0 and (k is None or k.numel() == 0)
-    for i in range(b):
-        if empty_kv:
-            lse[:] = float("inf")
-            break
+    lse = torch.full((h, q_off[-1]), float("inf") if empty_kv else float("-inf"))
+    for i in range(0 if empty_kv else b):
         sq = q_off[i + 1] - q_off[i]
         stop = ends[i] + new_off[i + 1] - new_off[i]
         kk = k_log[rows[i], starts[i]:stop] if not only_qv else None
@@ -231,7 +232,6 @@ def kvcache_oracle(
                 kk = kk.float() * k_descale[i][None, :, None]
             if v_descale is not None:
                 vv = vv.float() * v_descale[i][None, :, None]
-        cast = (lambda x: None if x is None else x.to(compute))
         o, l = dense_attention(
             cast(qq), cast(kk), cast(vv), softmax_scale, causal, (wl, wr), chunk, softcap,
             cast(qvq), only_qv, sinks, upcast, p_dtype=FP8 if fp8 and not upcast else None,
@@ -254,8 +254,6 @@ def assert_matches_oracle(fn, args: dict, **knobs):
     Output: FlashAttention's rule against the fp32 oracle; LSE: fp32-tight; caches: exact, except
     keys rotated on the way in (one rounding apart). Returns the call's 4-tuple.
     """
-    from tolerance import assert_close_fa, assert_lse_close, assert_one_rounding_apart
-
     call_args = {key: val.clone() if isinstance(val, torch.Tensor) else val for key, val in args.items()}
     result = fn(**call_args, **knobs, return_softmax_lse=True)
     out, lse = result[0], result[1]

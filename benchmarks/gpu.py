@@ -48,7 +48,7 @@ BASELINE = "sdpa_flash"
 DECODE_BANDWIDTH_TARGET = 70.0  # % of the measured copy bandwidth
 PREFILL_SPEED_TARGET = 0.8  # kernels throughput / SDPA flash throughput at 8k causal
 #: Vendor datasheet HBM bandwidth, shown next to the measured copy bandwidth (H200 SXM: 4.8 TB/s).
-DATASHEET_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
+DATASHEET_HBM_BYTES_PER_S = {"H200": 4.8e12}
 
 #: Providers timed eagerly: their call synchronises with the host, so a CUDA graph cannot capture it.
 EAGER_PROVIDERS = {"kernels_api"}

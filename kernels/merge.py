@@ -50,7 +50,8 @@ def _merge_pair(o_a, lse_a, o_b, lse_b):
     total = w_a + w_b
     inv = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
     o = (w_a * inv)[:, None] * o_a + (w_b * inv)[:, None] * o_b
-    return o, shift + tl.log(total)
+    lse = tl.where(total > 0.0, shift + tl.log(tl.where(total > 0.0, total, 1.0)), float("-inf"))
+    return o, lse
 
 
 @triton.jit
@@ -143,7 +144,7 @@ def combine_attention_states(out_partials: torch.Tensor, lse_partials: torch.Ten
     """Fold ``n`` attention states ``s_0 ⊕ s_1 ⊕ ... ⊕ s_{n-1}`` (e.g. the split-KV partials).
 
     Shapes: ``out_partials (n, ..., dim)``, ``lse_partials (n, ...)``. Returns fp32
-    ``(out (..., dim), lse (...))``.
+    ``(out (..., dim), lse (...))``. ``+inf`` LSEs are read as ``-inf``, also when ``n = 1``.
     """
     _require_state("out_partials", out_partials, "lse_partials", lse_partials)
     if out_partials.dim() < 2 or out_partials.shape[0] == 0:

@@ -1,0 +1,181 @@
+"""kernels.flash_attn_with_kvcache is a drop-in for attn_ref's: signature, errors, return values,
+split partials, edge cases, and (on a GPU) int64 cache addressing."""
+
+import inspect
+
+import pytest
+import torch
+
+import attn_ref
+import kernels
+from kernels.splits import attention_tiles, choose_num_splits
+from kvcache_cases import clone_args, make_case
+from test_kernels_kvcache import DEVICE, ON_GPU, run_kernels
+from test_reference_errors import PACKAGE_CHECKS, UPSTREAM_ORDER, base
+from tolerance import assert_lse_close
+
+ERRORS = {**UPSTREAM_ORDER, **PACKAGE_CHECKS}
+
+
+def run_both(args, **knobs):
+    """(kernels result, reference result), both 4-tuples on the CPU, each on its own copy of args."""
+    return (run_kernels(**clone_args(args), return_softmax_lse=True, **knobs),
+            attn_ref.flash_attn_with_kvcache(**clone_args(args), return_softmax_lse=True, **knobs))
+
+
+def test_signature_is_the_reference_signature():
+    assert inspect.signature(kernels.flash_attn_with_kvcache) == inspect.signature(attn_ref.flash_attn_with_kvcache)
+
+
+@pytest.mark.parametrize("change, error, message", ERRORS.values(), ids=ERRORS.keys())
+def test_same_errors_as_the_reference_and_caches_untouched(change, error, message):
+    args = change(base())
+    caches = {name: args[name].clone() for name in ("k_cache", "v_cache")
+              if isinstance(args.get(name), torch.Tensor) and args[name].device.type != "meta"}
+    with pytest.raises(error) as info:
+        kernels.flash_attn_with_kvcache(**args)
+    assert type(info.value) is error and str(info.value) == message
+    assert all(torch.equal(args[name], before) for name, before in caches.items())
+
+
+SPLIT_CASES = {
+    "decode": dict(seqlen_q=1, capacity=120, seqlen_new=1),
+    "causal_sinks": dict(seqlen_q=4, capacity=60, causal=True, sinks=True),
+    "window_varlen": dict(seqlen_q=4, capacity=60, window=(3, 0), varlen_q=True, batch=3),
+    "short_keys": dict(seqlen_q=2, capacity=3, sinks=True, batch=3),  # some splits hold no key
+}
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())
+def test_split_partials_are_the_references(case):
+    # fp32 inputs: the kernels' partial states match the reference's split by split.
+    args = make_case(dtype=torch.float32, leftpad=True, seed=3, **case)
+    (out, lse, acc, lacc), (out_r, lse_r, acc_r, lacc_r) = run_both(args, num_splits=3)
+    assert acc.shape == acc_r.shape and lacc.shape == lacc_r.shape
+    torch.testing.assert_close(acc, acc_r, rtol=1e-5, atol=1e-5)
+    assert_lse_close(lacc, lacc_r)
+    torch.testing.assert_close(out, out_r, rtol=1e-5, atol=1e-5)
+    assert_lse_close(lse, lse_r)
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())
+def test_num_splits_1_3_0_agree(case):
+    args = make_case(dtype=torch.bfloat16, leftpad=True, seed=3, **case)
+    out1, lse1, acc1, lacc1 = run_kernels(**clone_args(args), return_softmax_lse=True, num_splits=1)
+    assert acc1 is None and lacc1 is None
+    for n in (3, 0):
+        out_n, lse_n = run_kernels(**clone_args(args), return_softmax_lse=True, num_splits=n)[:2]
+        torch.testing.assert_close(out_n, out1, rtol=0, atol=2 * torch.finfo(torch.bfloat16).eps)
+        assert_lse_close(lse_n, lse1)
+
+
+def test_heuristic_splits_long_single_sequence_and_returns_partials():
+    args = make_case(batch=1, heads=2, heads_k=1, seqlen_q=1, capacity=512, d=32, full_cache=True, seed=4)
+    tiles = attention_tiles(2, 1, 32, 32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else kernels.launch.INTERPRETER_SMS
+    expected = choose_num_splits(1, 512, tiles.block_n, sms)
+    assert expected > 1
+    (out, lse, acc, lacc), (out_r, lse_r, _, _) = run_both(args, num_splits=0)
+    assert acc.shape[0] == lacc.shape[0] == expected
+    torch.testing.assert_close(out, out_r, rtol=1e-5, atol=1e-5)
+    assert_lse_close(lse, lse_r)
+
+
+def test_heuristic_examples():
+    # Module docstring of kernels.splits (H200: 132 SMs, BLOCK_N 64).
+    assert choose_num_splits(programs=8, max_seqlen_k=65536, block_n=64, num_sms=132) == 33
+    assert choose_num_splits(programs=128, max_seqlen_k=4096, block_n=64, num_sms=132) == 3
+    assert choose_num_splits(programs=256, max_seqlen_k=4096, block_n=64, num_sms=132) == 1
+    assert choose_num_splits(programs=1, max_seqlen_k=100, block_n=64, num_sms=132) == 1  # too short
+    assert choose_num_splits(programs=1, max_seqlen_k=1 << 20, block_n=64, num_sms=132) == 256  # capped
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_return_values_like_the_reference(varlen):
+    args = make_case(batch=3, seqlen_q=2, heads=4, heads_k=2, dv=24, varlen_q=varlen, seed=5)
+    out_only = run_kernels(**clone_args(args))
+    assert isinstance(out_only, torch.Tensor)
+    for n in (1, 5):
+        mine, ref = run_both(args, num_splits=n)
+        assert len(mine) == 4
+        for x, y in zip(mine, ref):
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert x.shape == y.shape and x.dtype == y.dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_out_is_written_and_returned(dtype):
+    args = {key: val.to(DEVICE) if isinstance(val, torch.Tensor) else val
+            for key, val in make_case(dtype=dtype, seqlen_new=1, seed=7).items()}
+    expected = kernels.flash_attn_with_kvcache(**clone_args(args))
+    buffer = torch.full_like(expected, 7.0)
+    assert kernels.flash_attn_with_kvcache(**clone_args(args), out=buffer) is buffer
+    assert torch.equal(buffer, expected)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_zero_length_kv_gives_zero_and_plus_inf(num_splits):
+    args = make_case(seed=8)
+    args["k_cache"], args["v_cache"] = args["k_cache"][:, :0], args["v_cache"][:, :0]
+    args["cache_seqlens"] = torch.zeros_like(args["cache_seqlens"])
+    mine, ref = run_both(args, num_splits=num_splits)
+    for x, y in zip(mine, ref):
+        assert (x is None and y is None) or torch.equal(x, y)
+    assert torch.isinf(mine[1]).all() and (mine[1] > 0).all()
+
+
+def test_no_query_rows():
+    args = make_case(varlen_q=True, seed=9)
+    args["q"] = args["q"][:0]
+    args["cu_seqlens_q"] = torch.zeros_like(args["cu_seqlens_q"])
+    mine, ref = run_both(args, num_splits=2)
+    assert all(x.shape == y.shape and x.numel() == 0 for x, y in zip(mine, ref))
+
+
+def test_zero_cache_seqlens_rows_are_empty_and_sinks_count():
+    args = make_case(batch=2, seqlen_q=2, capacity=8, sinks=True, seed=10)
+    args["cache_seqlens"] = torch.tensor([0, 5], dtype=torch.int32)
+    (out, lse, _, _), (out_r, lse_r, _, _) = run_both(args, num_splits=1)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert_lse_close(lse, lse_r)  # the empty sequence's LSE is its sink logit
+    torch.testing.assert_close(out, out_r, rtol=1e-5, atol=1e-5)
+
+
+def test_performance_knobs_change_nothing():
+    args = make_case(dtype=torch.float16, causal=True, seqlen_new=2, sinks=True, seed=11)
+    base_result = run_kernels(**clone_args(args), return_softmax_lse=True, num_splits=2)
+    knobs = dict(scheduler_metadata=torch.zeros(7, dtype=torch.int32), pack_gqa=False, sm_margin=12,
+                 score_mod=lambda *a: 1 / 0, aux_tensors=[torch.ones(1)], ver=4)
+    other = run_kernels(**clone_args(args), return_softmax_lse=True, num_splits=2, **knobs)
+    assert all(torch.equal(x, y) for x, y in zip(base_result, other))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device: the cache spans more than 2^31 elements "
+                                       "(4.3 GB per cache), too big for the CPU interpreter")
+def test_int64_offsets_large_paged_cache():
+    # Pages beyond element offset 2^31: int32 offset arithmetic would wrap around.
+    page_size, h_k, d = 16, 8, 128
+    num_pages = (1 << 31) // (page_size * h_k * d) + 64
+    k_cache = torch.zeros(num_pages, page_size, h_k, d, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    small = make_case(dtype=torch.bfloat16, batch=2, heads=32, heads_k=h_k, d=d, seqlen_q=1, seqlen_new=1,
+                      capacity=64, page_size=page_size, seed=12)
+    table = small["page_table"].long()
+    last = num_pages - 1 - table  # the same pages, mirrored to the top of the pool
+    k_cache[last.flatten()] = small["k_cache"][table.flatten()].cuda()
+    v_cache[last.flatten()] = small["v_cache"][table.flatten()].cuda()
+    big = dict(small, k_cache=k_cache, v_cache=v_cache, page_table=last.to(torch.int32))
+    moved = {key: val.cuda() if isinstance(val, torch.Tensor) else val for key, val in big.items()}
+    out = kernels.flash_attn_with_kvcache(**moved, num_splits=3)
+    expected = kernels.flash_attn_with_kvcache(**{key: val.cuda() if isinstance(val, torch.Tensor) else val
+                                                  for key, val in small.items()}, num_splits=3)
+    assert torch.equal(out, expected)
+    assert torch.equal(k_cache[last.flatten()].cpu(), run_append_reference(small)[table.flatten()])
+
+
+def run_append_reference(args):
+    """The reference's k_cache after the call (the appended keys included)."""
+    args = clone_args(args)
+    attn_ref.flash_attn_with_kvcache(**args)
+    return args["k_cache"]

@@ -1,0 +1,89 @@
+"""kernels.merge_attention_states / combine_attention_states against attn_ref.merge_attention_states."""
+
+from functools import reduce
+
+import pytest
+import torch
+
+import attn_ref
+import kernels
+from test_kernels_kvcache import DEVICE
+from tolerance import assert_lse_close
+
+INF = float("inf")
+
+
+def states(n, shape, dim, dtype, seed=0):
+    """``n`` random attention states ``(out (*shape, dim), lse (*shape))`` with some empty (-inf) and
+    zero-length-KV (+inf) rows, including rows where every state is empty."""
+    gen = torch.Generator().manual_seed(seed)
+    outs = torch.randn(n, *shape, dim, generator=gen).to(dtype)
+    lses = 4 * torch.randn(n, *shape, generator=gen)
+    flat = lses.view(n, -1)
+    flat[0, 0] = -INF  # one empty state in row 0
+    flat[:, 1] = -INF  # row 1: all empty -> (0, -inf)
+    flat[-1, 2] = INF  # +inf counts as -inf
+    flat[:, 3] = INF  # all "zero-length KV" -> (0, -inf)
+    return outs, lses
+
+
+def reference_fold(outs, lses):
+    return reduce(lambda a, b: attn_ref.merge_attention_states(*a, *b), zip(outs, lses))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(7, 3), (2, 4, 5)], ids=["tokens_heads", "batch_heads_rows"])
+def test_merge_two_states(dtype, shape):
+    outs, lses = states(2, shape, 40, dtype)
+    out, lse = kernels.merge_attention_states(*(x.to(DEVICE) for x in (outs[0], lses[0], outs[1], lses[1])))
+    out_r, lse_r = attn_ref.merge_attention_states(outs[0], lses[0], outs[1], lses[1])
+    assert out.dtype == lse.dtype == torch.float32 and out.shape == out_r.shape and lse.shape == lse_r.shape
+    torch.testing.assert_close(out.cpu(), out_r, rtol=1e-6, atol=1e-6)
+    assert_lse_close(lse.cpu(), lse_r)
+    assert torch.equal(out.cpu().flatten(0, -2)[1], torch.zeros(40))  # both empty: 0, not NaN
+
+
+def test_merge_reads_strided_inputs():
+    outs, lses = states(2, (6, 4), 32, torch.float32, seed=1)
+    a = outs[0].transpose(0, 1)  # (4, 6, 32), non-contiguous rows
+    b = outs[1].transpose(0, 1)
+    out, lse = kernels.merge_attention_states(a.to(DEVICE), lses[0].T.to(DEVICE), b.to(DEVICE), lses[1].T.to(DEVICE))
+    out_r, lse_r = attn_ref.merge_attention_states(a, lses[0].T, b, lses[1].T)
+    torch.testing.assert_close(out.cpu(), out_r, rtol=1e-6, atol=1e-6)
+    assert_lse_close(lse.cpu(), lse_r)
+
+
+@pytest.mark.parametrize("n", [1, 3, 6])
+def test_combine_n_states_is_the_reference_fold(n):
+    outs, lses = states(n, (5, 3), 24, torch.float32, seed=n)
+    out, lse = kernels.combine_attention_states(outs.to(DEVICE), lses.to(DEVICE))
+    out_r, lse_r = reference_fold(outs, lses)
+    torch.testing.assert_close(out.cpu(), out_r.float(), rtol=1e-6, atol=1e-6)
+    assert_lse_close(lse.cpu(), lse_r.float().where(lse_r != INF, -INF) if n == 1 else lse_r)
+
+
+BAD = {
+    "lse_shape": (lambda o, l: (o, l[:, :2], o, l), ValueError,
+                  "lse_a must have shape out_a.shape[:-1] = (4, 3), got (4, 2)"),
+    "other_shape": (lambda o, l: (o, l, o[:2], l[:2]), ValueError,
+                    "out_b must have the shape of out_a (4, 3, 8), got (2, 3, 8)"),
+    "not_float": (lambda o, l: (o, l, o, l.long()), ValueError,
+                  "out_b and lse_b must be floating point on one device, got torch.float32 on cpu and "
+                  "torch.int64 on cpu"),
+    "not_tensor": (lambda o, l: (o, l, o.tolist(), l), TypeError,
+                   "out_b and lse_b must be torch.Tensors, got list and Tensor"),
+}
+
+
+@pytest.mark.parametrize("change, error, message", BAD.values(), ids=BAD.keys())
+def test_merge_errors(change, error, message):
+    out, lse = torch.zeros(4, 3, 8), torch.zeros(4, 3)
+    with pytest.raises(error) as info:
+        kernels.merge_attention_states(*change(out, lse))
+    assert type(info.value) is error and str(info.value) == message
+
+
+def test_combine_needs_a_state_axis():
+    with pytest.raises(ValueError) as info:
+        kernels.combine_attention_states(torch.zeros(8), torch.zeros(()))
+    assert str(info.value) == "out_partials must be (n, ..., dim) with n >= 1 states, got shape (8,)"

@@ -141,7 +141,7 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     gpu = result["device"] == "cuda"
     unit, scale = ("TB/s", 1e12) if gpu else ("GB/s", 1e9)
     header = ["suite", "case", "provider", "time", f"{unit} (logical)", "TFLOP/s", "time / baseline",
-              "% of copy BW" if gpu else "peak extra MB", "max |diff| vs attn_ref"]
+              "% of copy BW" if gpu else "peak extra MB", "max abs diff vs attn_ref"]
     rows = []
     for case in result["cases"]:
         for name, p in case["providers"].items():
@@ -184,6 +184,10 @@ def provenance(result: dict) -> str:
             f"triton {v.get('triton', '-')}, attn_ref {v['attn_ref_git']} | {result['command']}")
 
 
+def _loads(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 def markdown(result: dict) -> str:
     header, rows = table_rows(result)
     load = result["load"]
@@ -192,7 +196,8 @@ def markdown(result: dict) -> str:
         f"Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".",
         "",
         f"Command: `{result['command']}`. Load average (1, 5, 15 min) at start "
-        f"{load['loadavg_1_5_15_start']}, at end {load.get('loadavg_1_5_15_end')}.",
+        f"{_loads(load['loadavg_1_5_15_start'])}, at end {_loads(load['loadavg_1_5_15_end'])}"
+        + (f". Stopped early: {result['settings']['stopped_early']}." if "stopped_early" in result["settings"] else "."),
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

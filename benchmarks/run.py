@@ -28,6 +28,8 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="small shapes, few repetitions")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); on a "
+                        "machine shared with other jobs, 1 avoids OpenMP threads waiting on descheduled peers")
     return parser.parse_args(argv)
 
 
@@ -80,6 +82,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device (interpreter timings are not benchmarks)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     signal.signal(signal.SIGTERM, _raise_time_limit)
     result = measure(args.device, args.quick)
     print(record.text_table(result))

@@ -131,6 +131,16 @@ def test_zero_length_kv_gives_zero_and_plus_inf(sinks, append_empty):
     assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, torch.full_like(lse, INF))
 
 
+def test_paged_cache_without_pages_is_not_zero_length_kv():
+    # FA3's empty-KV test is batch * k_cache.shape[1] + new == 0; a paged k_cache has shape[1] = P >= 1,
+    # so a page table with no pages runs the kernel: rows with no key give lse -inf, not +inf.
+    args = make_case(seed=8)
+    args.update(page_table=torch.zeros(2, 0, dtype=torch.int32), k_cache=torch.randn(3, 4, 2, 16),
+                v_cache=torch.randn(3, 4, 2, 16), cache_seqlens=torch.zeros(2, dtype=torch.int32))
+    out, lse, *_ = flash_attn_with_kvcache(**args, return_softmax_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, torch.full_like(lse, -INF))
+
+
 def test_cache_seqlens_zero_gives_minus_inf_or_sink():
     for page_size in (None, 4):
         args = make_case(capacity=8, page_size=page_size, seed=2)

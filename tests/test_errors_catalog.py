@@ -1,0 +1,64 @@
+"""The shipped error catalog against the code: every rule of ``python -m errors check``.
+
+The examples run once per entry (parametrised), so a failure names the entry.
+"""
+
+import pytest
+
+import errors
+from errors import catalog as cat
+from errors.check import check
+from errors.examples import example_problems, skip_reason
+
+CATALOG = cat.load()
+
+
+def _report(problems) -> str:
+    return "\n".join(f"{rule} {where}: {detail}" for rule, where, detail in problems)
+
+
+def test_catalog_matches_code_schema_and_history():
+    report = check(run_examples=False, base="HEAD")
+    assert report.ok, _report(report.problems)
+    assert report.counts["active"] == report.counts["raise_sites"]
+
+
+@pytest.mark.parametrize("entry", CATALOG["errors"], ids=[e["slug"] for e in CATALOG["errors"]])
+def test_examples(entry):
+    reason = skip_reason(entry)
+    if reason:
+        pytest.skip(reason)
+    assert example_problems(entry, CATALOG) == []
+
+
+def test_q_none_entry_is_the_one_users_search_for():
+    entry = errors.get("kvcache/q-none-without-only-qv")
+    assert entry["message"]["template"] == "q can only be None when only_qv=True"
+    assert "flash_attn_with_kvcache(q=None, k_cache=kc, v_cache=vc)" in entry["examples"]["trigger"]["code"]
+    assert "only_qv=True, qv=qv" in entry["examples"]["fixed"]["code"] or \
+        "qv=qv, only_qv=True" in entry["examples"]["fixed"]["code"]
+    upstream = entry["upstream"]
+    assert upstream["repository"] == "sgl-project/sglang"
+    assert upstream["path"] == "python/sglang/kernels/aot/python/sgl_kernel/flash_attn.py"
+    assert upstream["function"] == "flash_attn_with_kvcache"
+
+
+def test_replicated_qkv_entry_is_shared_with_sglang():
+    entry = errors.lookup("Replicated Q, K, and V must be provided together.")
+    assert entry["slug"] == "sequence-parallel/replicated-qkv-together"
+    assert "replicated_q=rq)" in entry["examples"]["trigger"]["code"]
+    assert entry["upstream"]["path"] == "python/sglang/multimodal_gen/runtime/layers/attention/layer.py"
+
+
+def test_upstream_messages_of_the_kvcache_spec_are_all_shared():
+    shared = {e["message"]["template"] for e in CATALOG["errors"] if e["upstream"]}
+    for message in ("v_cache must be provided", "k_cache can only be None when only_qv=True",
+                    "q can only be None when only_qv=True",
+                    "q must be provided unless qv is provided with only_qv=True",
+                    "only_qv=True requires qv to be provided", "{name} must have contiguous last dimension"):
+        assert message in shared
+
+
+def test_shared_statement_lists_exactly_the_entries_with_upstream():
+    assert CATALOG["upstream_shared"]["ids"] == sorted(e["id"] for e in CATALOG["errors"] if e["upstream"])
+

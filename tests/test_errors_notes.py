@@ -1,0 +1,72 @@
+"""Exception notes from ``@catalogued`` and the Python API (lookup, get, explain)."""
+
+import pytest
+import torch
+
+import errors
+from attn_ref import flash_attn_with_kvcache
+from errors.notes import ENV_VAR, catalogued
+
+
+def _q_none_error():
+    cache = torch.zeros(1, 4, 1, 8)
+    with pytest.raises(ValueError) as info:
+        flash_attn_with_kvcache(q=None, k_cache=cache, v_cache=cache)
+    return info.value
+
+
+def test_note_carries_id_and_docs_url_and_message_is_unchanged():
+    exc = _q_none_error()
+    entry = errors.get("kvcache/q-none-without-only-qv")
+    assert str(exc) == "q can only be None when only_qv=True"
+    assert exc.__notes__ == [f"attn-ref error {entry['id']}: {entry['slug']}, see {entry['docs_url']}"]
+    assert entry["docs_url"] == f"https://attn-ref.github.io/attn-ref/errors/{entry['id']}/"
+
+
+def test_environment_variable_turns_notes_off(monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "0")
+    assert not hasattr(_q_none_error(), "__notes__")
+
+
+def test_errors_not_raised_by_the_package_get_no_note_and_notes_are_not_repeated():
+    @catalogued
+    def user_code():
+        raise ValueError("q can only be None when only_qv=True")  # same text, but not the package's raise
+
+    with pytest.raises(ValueError) as info:
+        user_code()
+    assert not hasattr(info.value, "__notes__")
+
+    @catalogued
+    def outer():
+        return flash_attn_with_kvcache(q=None, k_cache=torch.zeros(1, 4, 1, 8), v_cache=torch.zeros(1, 4, 1, 8))
+
+    with pytest.raises(ValueError) as info:
+        outer()
+    assert len(info.value.__notes__) == 1
+
+
+def test_lookup_get_explain():
+    exc = _q_none_error()
+    entry = errors.lookup(exc)
+    assert entry["slug"] == "kvcache/q-none-without-only-qv"
+    assert errors.lookup(str(exc)) is entry
+    assert errors.get(entry["id"]) is entry
+    assert errors.lookup("a message nobody raises") is None
+    assert errors.explain(exc).startswith(f"# {entry['slug']}")
+    with pytest.raises(KeyError):
+        errors.get("no/such-slug")
+    with pytest.raises(KeyError):
+        errors.explain("a message nobody raises")
+
+
+def test_lookup_tells_identical_messages_apart_by_raise_location():
+    with pytest.raises(TypeError) as info:
+        flash_attn_with_kvcache([1.0], torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 1, 8))
+    assert errors.lookup(info.value)["slug"] == "arguments/not-a-tensor"
+    from attn_ref.sequence_parallel import ring_attention
+
+    with pytest.raises(TypeError) as info:
+        ring_attention([1.0], torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 1, 8))
+    assert str(info.value) == "q must be a torch.Tensor, got list"
+    assert errors.lookup(info.value)["slug"] == "sequence-parallel/not-a-tensor"

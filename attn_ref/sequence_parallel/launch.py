@@ -3,8 +3,9 @@
 :func:`launch` is for tests, notebooks and experiments on one machine: it spawns ``world_size``
 processes, initialises a process group in each (gloo on CPU; NCCL, one GPU per rank, when there are
 enough CUDA devices), runs ``fn(*args)`` and returns the per-rank results. A rank that raises makes
-``launch`` raise that exception (with every failing rank's traceback as notes); a run that exceeds
-``timeout_s`` is killed and raises ``TimeoutError``, so a hang never blocks the caller.
+``launch`` raise that exception (the first one reported; every failing rank's traceback is attached
+as a note); a run that exceeds ``timeout_s`` is killed and raises ``TimeoutError``, so a hang never
+blocks the caller.
 
 ``fn`` must be importable by the children (a module-level function, not a lambda or a notebook
 cell's closure), and its result must be picklable (tensors are fine).
@@ -44,7 +45,7 @@ from .checks import check_launch_args
 
 #: After the first rank fails, how long to wait for the other ranks' reports before killing them.
 FAILURE_GRACE_S = 5.0
-#: How long a report of a rank that has exited may take to arrive.
+#: How long a rank's report may take to arrive after it exits, and a finished rank to exit.
 EXIT_FLUSH_S = 2.0
 
 
@@ -89,12 +90,12 @@ def launch(
             outcomes = _collect(reports, procs, timeout_s)
         finally:
             _stop(procs)
-    failures = {rank: payload for rank, (ok, payload) in outcomes.items() if not ok}
+    failures = {rank: payload for rank, (ok, payload) in outcomes.items() if not ok}  # in order of arrival
     if failures:
-        first = min(failures)
-        error = pickle.loads(failures[first][0])
-        for rank in sorted(failures):
-            error.add_note(f"--- rank {rank} of {world_size} ---\n{failures[rank][1]}")
+        # The first failure is the cause; later ones are usually its echo (a peer closed the connection).
+        error = pickle.loads(next(iter(failures.values()))[0])
+        for rank, (_, trace) in failures.items():
+            error.add_note(f"--- rank {rank} of {world_size} ---\n{trace}")
         raise error
     return [torch.load(io.BytesIO(outcomes[rank][1]), weights_only=False) for rank in range(world_size)]
 
@@ -161,8 +162,9 @@ def _exited_silently(procs, outcomes) -> list[int]:
 
 def _stop(procs) -> None:
     """Join the children; kill those still running (stuck in a collective after a failure)."""
+    deadline = time.monotonic() + EXIT_FLUSH_S
     for p in procs:
-        p.join(timeout=2.0)
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
     for p in procs:
         if p.is_alive():
             p.kill()

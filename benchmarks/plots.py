@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
@@ -71,6 +72,9 @@ def plot_suite(result: dict, suite: str, path: Path) -> None:
         ax.set_ylabel(panel["ylabel"])
         if panel["log"]:
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{suite} ({result['device']})")

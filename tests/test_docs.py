@@ -54,6 +54,17 @@ def test_strict_build_has_every_nav_page(site):
         assert (site / "tutorials" / notebook.stem / "index.html").is_file(), notebook.name
 
 
+def test_benchmarks_page_shows_every_committed_result(site):
+    results = ROOT / "benchmarks" / "results"
+    devices = sorted(results.glob("*.json")) if results.is_dir() else []
+    page = site / "benchmarks" / "index.html"
+    assert page.is_file() == bool(devices), "a benchmarks page exactly when results are committed"
+    if devices:
+        html = page.read_text(encoding="utf-8")
+        for plot in results.glob("*.png"):
+            assert f'src="{plot.name}"' in html and (site / "benchmarks" / plot.name).is_file(), plot.name
+
+
 def test_source_include_finds_definitions():
     path = ROOT / "attn_ref" / "masks.py"
     start, end = definition_lines(path, "visible_keys")

@@ -1,0 +1,89 @@
+"""MkDocs hook: the "Benchmarks" page, generated from the committed results in ``benchmarks/results/``.
+
+For each device that has results (``<device>.json``, written by ``python -m benchmarks.run``), the
+page shows the run's provenance, the table of :func:`benchmarks.record.table_rows` (the harness's own
+rows, so the page and the printed table agree), the targets, and every ``<device>_<suite>.png`` plot. The page and the plots are ``File.generated`` (nothing is written into
+``docs/``); without any result file there is no page and no nav entry.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+SECTION = "Benchmarks"
+AFTER = "Tutorials"
+DEVICES = {"cuda": "GPU: Triton kernels", "cpu": "CPU: the PyTorch reference"}
+INTRO = """# Benchmarks
+
+Measured results, committed with the code that produced them. Every table states the machine, the
+date, the versions and the command; rerun it with `python -m benchmarks.run --device cpu` (or
+`--device cuda` on a GPU) from the repository root. On the GPU the kernels are compared with
+PyTorch's `scaled_dot_product_attention` on the same problems (decode bandwidth, prefill FLOP/s,
+the combine kernel); on the CPU the reference is compared with SDPA (time ratio and peak memory).
+Timings of the Triton interpreter are not benchmarks and are never reported.
+"""
+
+
+def _results(config) -> Path:
+    return Path(config["config_file_path"]).parent / "benchmarks" / "results"
+
+
+def _devices(config) -> list[str]:
+    return [d for d in DEVICES if (_results(config) / f"{d}.json").is_file()]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def result_section(result: dict) -> list[str]:
+    """Provenance, table and targets of one result document, as markdown lines."""
+    from benchmarks import record
+
+    header, rows = record.table_rows(result)
+    lines = [f"Measured on {result['machine']['summary']}, {result['date']}, with `{result['command']}`.", ""]
+    lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".", ""]
+    lines += ["| " + " | ".join(map(_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in rows] + [""]
+    lines += [f"* {t['name']}: {t['value']:.4g}, **{'met' if t['met'] else 'not met'}**" for t in result["targets"]]
+    return lines + [""]
+
+
+def page(config) -> tuple[str, dict[str, bytes]]:
+    """The page's markdown and its images ``{name: bytes}``."""
+    root = str(Path(config["config_file_path"]).parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    results, lines, images = _results(config), [INTRO], {}
+    for device in _devices(config):
+        result = json.loads((results / f"{device}.json").read_text(encoding="utf-8"))
+        lines += [f"## {DEVICES[device]}", ""] + result_section(result)
+        for plot in sorted(results.glob(f"{device}_*.png")):
+            suite = plot.stem.removeprefix(f"{device}_").replace("_", " ")
+            images[plot.name] = plot.read_bytes()
+            lines += [f"![{DEVICES[device]}, {suite}]({plot.name})", ""]
+    return "\n".join(lines), images
+
+
+def on_config(config):
+    nav = [item for item in config["nav"] if SECTION not in item]
+    if _devices(config):
+        at = next((n + 1 for n, item in enumerate(nav) if AFTER in item),
+                  next((n + 1 for n, item in enumerate(nav) if "Side by side" in item), len(nav)))
+        nav.insert(at, {SECTION: "benchmarks/index.md"})
+    config["nav"] = nav
+    return config
+
+
+def on_files(files, config):
+    if not _devices(config):
+        return files
+    markdown, images = page(config)
+    files.append(File.generated(config, "benchmarks/index.md", content=markdown))
+    for name, content in images.items():
+        files.append(File.generated(config, f"benchmarks/{name}", content=content))
+    return files

@@ -41,7 +41,9 @@ print('git', subprocess.run(['git', 'describe', '--always', '--dirty'], capture_
 p = torch.cuda.get_device_properties(0)
 print(p.name, '| SMs', p.multi_processor_count, '| memory GB', p.total_memory / 1e9, '| cc', p.major, p.minor)"
 step nvidia-smi 20 bash -c "nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE,POWER,TEMPERATURE"
-step tests 110 "$py" -m pytest tests/test_kernels_*.py -x -q -p no:cacheprovider
+gpu_tests=(tests/test_kernels_*.py)  # the kernels' tests, plus the kernel-backed sequence-parallel ones
+[ -f tests/test_sequence_parallel_kernels.py ] && gpu_tests+=(tests/test_sequence_parallel_kernels.py)
+step tests 110 "$py" -m pytest "${gpu_tests[@]}" -x -q -p no:cacheprovider
 step bench 140 "$py" -m benchmarks.run --device cuda --out "$out"
 step clocks-after 10 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 

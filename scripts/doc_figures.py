@@ -1,6 +1,7 @@
 """Draw the concept diagrams of the docs site into ``docs/figures/*.svg``.
 
-Run ``.venv/bin/python scripts/doc_figures.py`` after changing a figure; the SVGs are committed.
+Run ``.venv/bin/python scripts/doc_figures.py [OUT_DIR]`` after changing a figure; the SVGs are
+committed, and ``tests/test_docs.py`` checks that they are what this script draws now.
 Masks are drawn from :func:`attn_ref.visible_keys` and split ranges from :func:`attn_ref.split_bounds`,
 so those figures show what the code does. Output is deterministic (fixed SVG ids, no date), and text
 stays text (``svg.fonttype = none``).
@@ -52,8 +53,8 @@ def arrow(ax, start, end, color=INK, style="-|>", rad=0.0, lw=1.2):
                                  connectionstyle=f"arc3,rad={rad}"))
 
 
-def save(fig, name: str) -> None:
-    fig.savefig(OUT / name, format="svg", bbox_inches="tight", pad_inches=0.05, metadata={"Date": None})
+def save(fig, path: Path) -> None:
+    fig.savefig(path, format="svg", bbox_inches="tight", pad_inches=0.05, metadata={"Date": None})
     plt.close(fig)
 
 
@@ -85,7 +86,7 @@ def kv_cache() -> None:
         x, y = -7.4 + (n % 2) * 11.5, 3 * 1.6 + 0.3 + (n // 2) * 0.9
         cell(ax, x, y, color, w=0.6, h=0.6, hatch=hatch)
         ax.text(x + 0.9, y + 0.3, text, va="center", fontsize=8)
-    save(fig, "kv_cache.svg")
+    return fig
 
 
 def paged() -> None:
@@ -124,7 +125,7 @@ def paged() -> None:
             family="monospace")
     ax.text(0, 6.3, "pages can be anywhere, in any order; unused table entries are never read", fontsize=8,
             color="#666666")
-    save(fig, "paged.svg")
+    return fig
 
 
 def gqa() -> None:
@@ -139,7 +140,7 @@ def gqa() -> None:
     ax.text(-2.1, 0.5, "query heads\nh = 8", va="center", fontsize=8)
     ax.text(-2.1, 3.5, "KV heads\nh_k = 2", va="center", fontsize=8)
     ax.text(4.6, 4.4, "query head h reads KV head h // (h / h_k)", ha="center", fontsize=9, family="monospace")
-    save(fig, "gqa.svg")
+    return fig
 
 
 MASK_PANELS = [
@@ -175,7 +176,7 @@ def masks() -> None:
             ax.text(j + 0.5, -0.3, f"{j}", ha="center", fontsize=7, color="#777777")
     fig.text(0.5, 0.01, "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = sk - sq "
              "(the query's own position, bottom-right aligned)", ha="center", fontsize=8)
-    save(fig, "masks.svg")
+    return fig
 
 
 def split_kv() -> None:
@@ -194,7 +195,7 @@ def split_kv() -> None:
     cell(ax, 4.3, 4.25, INK, "⊕  →  (o, lse)", w=4.0, size=9)
     ax.text(11.9, 2.7, "lse = log Σ_s e^{lse_s}\no = Σ_s e^{lse_s − lse} o_s", fontsize=8, family="monospace",
             va="center")
-    save(fig, "split_kv.svg")
+    return fig
 
 
 def ulysses() -> None:
@@ -213,7 +214,7 @@ def ulysses() -> None:
     ax.text(-0.3, S / 2, "tokens", rotation=90, va="center", ha="right", fontsize=8)
     arrow(ax, (H + 0.6, S / 2), (H + 3.9, S / 2))
     ax.text(H + 2.25, S / 2 - 0.5, "all-to-all", ha="center", fontsize=8)
-    save(fig, "ulysses.svg")
+    return fig
 
 
 def ring_and_zigzag() -> None:
@@ -240,7 +241,7 @@ def ring_and_zigzag() -> None:
         work = [sum(row.count(r) for row in grid) for r in range(P)]
         ax.text(n / 2, n + 0.05, "chunk pairs computed: " + ", ".join(f"r{r}: {w}" for r, w in enumerate(work)),
                 ha="center", va="top", fontsize=8)
-    save(fig, "ring_zigzag.svg")
+    return fig
 
 
 def usp() -> None:
@@ -257,7 +258,7 @@ def usp() -> None:
         arrow(ax, (u * 3.2 + 1.1, 1.55), (u * 3.2 + 1.1, 2.35), style="<|-|>", color=INK)
         ax.text(u * 3.2 + 1.25, 1.95, f"ring {u}", va="center", fontsize=8)
     ax.text(2.7, -0.8, "all-to-all inside a row, K/V rotate inside a column", ha="center", fontsize=8)
-    save(fig, "usp.svg")
+    return fig
 
 
 def comm_volume() -> None:
@@ -279,13 +280,29 @@ def comm_volume() -> None:
     ax.grid(alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(fontsize=8, frameon=False)
-    save(fig, "comm_volume.svg")
+    return fig
 
 
-FIGURES = [kv_cache, paged, gqa, masks, split_kv, ulysses, ring_and_zigzag, usp, comm_volume]
+#: File name -> function drawing it.
+FIGURES = {
+    "kv_cache.svg": kv_cache,
+    "paged.svg": paged,
+    "gqa.svg": gqa,
+    "masks.svg": masks,
+    "split_kv.svg": split_kv,
+    "ulysses.svg": ulysses,
+    "ring_zigzag.svg": ring_and_zigzag,
+    "usp.svg": usp,
+    "comm_volume.svg": comm_volume,
+}
+
+def draw_all(out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, draw in FIGURES.items():
+        save(draw(), out_dir / name)
+
 
 if __name__ == "__main__":
-    OUT.mkdir(parents=True, exist_ok=True)
-    for draw in FIGURES:
-        draw()
-        print(f"wrote docs/figures/{draw.__name__}")
+    out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
+    draw_all(out_dir)
+    print(f"wrote {len(FIGURES)} figures to {out_dir}")

@@ -162,3 +162,14 @@ def test_browser_home_error_page_and_search(served, catalog):
         assert "only_qv" in results.first.inner_text().replace("\u200b", "")
         browser.close()
     assert problems == []
+
+
+def test_concept_figures_are_what_the_script_draws(tmp_path):
+    """The committed SVGs match scripts/doc_figures.py (masks and splits are drawn from attn_ref)."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "doc_figures.py"), str(tmp_path)], check=True,
+                   capture_output=True, timeout=300)
+    committed = {p.name for p in (ROOT / "docs" / "figures").glob("*.svg")}
+    assert {p.name for p in tmp_path.glob("*.svg")} == committed
+    for name in sorted(committed):
+        assert (tmp_path / name).read_bytes() == (ROOT / "docs" / "figures" / name).read_bytes(), (
+            f"docs/figures/{name} is stale: run .venv/bin/python scripts/doc_figures.py")

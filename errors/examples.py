@@ -7,7 +7,9 @@ Every example is ``examples.setup`` followed by the example's ``code``, executed
   and no other active entry's (an identical message raised at another site is told apart by the next
   rule only); the innermost traceback frame inside the package must lie on the entry's recorded raise
   statement.
-* ``fixed``, ``guard`` and ``recovery`` must run without an exception.
+* ``fixed``, ``guard`` and ``recovery`` must run without an exception; ``recovery`` must also have
+  caught this entry's error: the recorded raise statement must fire while it runs (watched with
+  ``sys.settrace``).
 * ``predicate``: after its ``code`` runs, every expression of ``true_cases`` must evaluate to
   ``True`` and every one of ``false_cases`` to ``False`` (real bools).
 
@@ -22,6 +24,7 @@ import contextlib
 import io
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -93,12 +96,43 @@ def _raised_problems(entry: dict, catalog: dict, exc: Exception, root: Path) -> 
     return problems
 
 
-def clean_problems(entry: dict, kind: str) -> list[str]:
-    """What is wrong with a fixed, guard or recovery example (empty when it runs cleanly)."""
+@contextlib.contextmanager
+def watch_raise(entry: dict, root: Path = cat.ROOT):
+    """Yield a list that gets an item each time the entry's raise statement raises inside the block."""
+    source = entry["source"]
+    target = os.path.realpath(root / source["path"])
+    lines = range(source["line"], source["end_line"] + 1)
+    hits: list = []
+    same_file: dict = {}
+
+    def in_raise_frame(frame, event, arg):
+        if event == "exception" and frame.f_lineno in lines and arg[0].__name__ == entry["exception"]["type"]:
+            hits.append(frame.f_lineno)
+        return in_raise_frame
+
+    def on_call(frame, event, arg):
+        name = frame.f_code.co_filename
+        if name not in same_file:
+            same_file[name] = os.path.realpath(name) == target
+        return in_raise_frame if same_file[name] else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
     try:
-        _run(entry, kind, entry["examples"][kind]["code"])
-    except Exception as exc:
-        return [f"{kind}: raised {type(exc).__name__}: {exc}"]
+        yield hits
+    finally:
+        sys.settrace(previous)
+
+
+def clean_problems(entry: dict, kind: str, root: Path = cat.ROOT) -> list[str]:
+    """What is wrong with a fixed, guard or recovery example (empty when it runs cleanly)."""
+    with watch_raise(entry, root) as hits:
+        try:
+            _run(entry, kind, entry["examples"][kind]["code"])
+        except Exception as exc:
+            return [f"{kind}: raised {type(exc).__name__}: {exc}"]
+    if kind == "recovery" and not hits:
+        return ["recovery: this entry's error was never raised (and recovered from) while it ran"]
     return []
 
 
@@ -129,7 +163,7 @@ def example_problems(entry: dict, catalog: dict, root: Path = cat.ROOT) -> list[
         return _compile_problems(entry)
     return [
         *trigger_problems(entry, catalog, root),
-        *(p for kind in CLEAN_KINDS for p in clean_problems(entry, kind)),
+        *(p for kind in CLEAN_KINDS for p in clean_problems(entry, kind, root)),
         *predicate_problems(entry),
     ]
 

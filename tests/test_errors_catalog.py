@@ -3,6 +3,8 @@
 The examples run once per entry (parametrised), so a failure names the entry.
 """
 
+import copy
+
 import pytest
 
 import errors
@@ -62,3 +64,22 @@ def test_upstream_messages_of_the_kvcache_spec_are_all_shared():
 def test_shared_statement_lists_exactly_the_entries_with_upstream():
     assert CATALOG["upstream_shared"]["ids"] == sorted(e["id"] for e in CATALOG["errors"] if e["upstream"])
 
+
+
+def test_example_rules_can_fail():
+    entry = copy.deepcopy(errors.get("kvcache/v-cache-missing"))
+    examples = entry["examples"]
+    examples["recovery"]["code"] = "out = flash_attn_with_kvcache(q, k_cache, v_cache)\n"
+    examples["fixed"]["code"] = examples["trigger"]["code"]
+    examples["trigger"]["code"] = "flash_attn_with_kvcache(q, None, v_cache)  # another error\n"
+    examples["predicate"]["true_cases"] = ["v_cache_missing(v_cache)"]
+    problems = example_problems(entry, CATALOG)
+    own, other = entry["source"], errors.get("kvcache/k-cache-none-without-only-qv")["source"]
+    assert problems == [
+        "trigger: message 'k_cache can only be None when only_qv=True' does not match the entry's regex",
+        "trigger: message 'k_cache can only be None when only_qv=True' also matches kvcache/k-cache-none-without-only-qv",
+        f"trigger: raised at {other['path']}:{other['line']}, expected {own['path']}:{own['line']}-{own['end_line']}",
+        "fixed: raised ValueError: v_cache must be provided",
+        "recovery: this entry's error was never raised (and recovered from) while it ran",
+        "predicate: v_cache_missing(v_cache) gave False, expected True",
+    ]

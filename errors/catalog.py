@@ -271,8 +271,12 @@ def render_markdown(entry: dict, catalog: dict) -> str:
     if examples.get("setup"):
         lines += ["Setup:", "", _code_block(examples["setup"]), ""]
     for key, title in (("trigger", "Triggers the error"), ("fixed", "Fixed"), ("guard", "Guard"),
-                       ("predicate", "Predicate"), ("recovery", "Recovery")):
+                       ("predicate", "Predicate (True when the error would be raised)"), ("recovery", "Recovery")):
         lines += [f"{title}:", "", _code_block(examples[key]["code"]), ""]
+        if key == "predicate":
+            predicate = examples["predicate"]
+            lines += [f"- True (raises): {', '.join(f'`{c}`' for c in predicate['true_cases'])}",
+                      f"- False (fine): {', '.join(f'`{c}`' for c in predicate['false_cases'])}", ""]
     source = entry.get("source")
     if source:
         lines += [f"## Source: {source['path']}:{source['line']} in `{source['function']}`", "",

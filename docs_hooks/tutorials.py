@@ -1,0 +1,68 @@
+"""MkDocs hook: the notebooks of ``docs/tutorials/`` as a "Tutorials" section, with their titles intact.
+
+* Nav: every ``docs/tutorials/*.ipynb`` is listed, in file-name order (``01_...``, ``02_...``), after
+  "Side by side". mkdocs-jupyter renders them (``execute: false``: they are committed executed).
+* Titles and anchors: mkdocs-jupyter builds a notebook's table of contents from its own markdown
+  pass, which drops inline code: a heading "`cache_seqlens`: one length per sequence" becomes
+  ": one length per sequence" with an id that the rendered page does not have. So the nav title is
+  the notebook's first heading read from its source, and a notebook page's table of contents and
+  title are rebuilt from the headings of the rendered HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+from mkdocs.structure.toc import get_toc
+
+SECTION = "Tutorials"
+AFTER = "Side by side"
+HEADING = re.compile(r'<h(?P<level>[1-6]) id="(?P<id>[^"]+)"[^>]*>(?P<inner>.*?)</h(?P=level)>', re.S)
+
+
+def notebook_title(path: Path) -> str:
+    """Text of the first markdown heading of a notebook, inline code marks removed."""
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for line in "".join(cell["source"]).splitlines():
+            if line.startswith("#"):
+                return line.lstrip("#").strip().replace("`", "")
+    return path.stem
+
+
+def on_config(config):
+    notebooks = sorted(Path(config["docs_dir"], "tutorials").glob("*.ipynb"))
+    nav = [item for item in config["nav"] if SECTION not in item]
+    if notebooks:
+        at = next((n + 1 for n, item in enumerate(nav) if AFTER in item), len(nav))
+        nav.insert(at, {SECTION: [{notebook_title(p): f"tutorials/{p.name}"} for p in notebooks]})
+    config["nav"] = nav
+    return config
+
+
+def toc_tokens(content: str) -> list[dict]:
+    """Nested ``{level, id, name, children}`` tokens of the headings of rendered HTML, in order."""
+    root = {"level": 0, "children": []}
+    stack = [root]
+    for match in HEADING.finditer(content):
+        text = re.sub(r'<a class="anchor-link".*?</a>|<[^>]+>', "", match["inner"])
+        token = {"level": int(match["level"]), "id": match["id"], "name": html.unescape(text).strip(), "children": []}
+        while stack[-1]["level"] >= token["level"]:
+            stack.pop()
+        stack[-1]["children"].append(token)
+        stack.append(token)
+    return root["children"]
+
+
+def on_page_content(content, page, config, files):
+    """Notebook pages: table of contents and title from the rendered headings (ids that exist, code kept)."""
+    if page.file.src_uri.startswith("tutorials/") and page.file.src_uri.endswith(".ipynb"):
+        tokens = toc_tokens(content)
+        page.toc = get_toc(tokens)
+        if tokens and tokens[0]["level"] == 1:
+            page.title = tokens[0]["name"]
+    return content

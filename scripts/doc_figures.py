@@ -155,12 +155,13 @@ MASK_PANELS = [
 
 def masks() -> None:
     """Visibility matrices from attn_ref.visible_keys, the diagonal i + Δ outlined."""
-    fig, axes = plt.subplots(2, 3, figsize=(10, 4.6))
-    for ax, (title, kwargs) in zip(axes.flat, MASK_PANELS):
+    row_heights = [max(kw["seqlen_q"] for _, kw in MASK_PANELS[r * 3:(r + 1) * 3]) + 0.9 for r in range(2)]
+    fig, axes = plt.subplots(2, 3, figsize=(10, 3.9), gridspec_kw={"height_ratios": row_heights, "hspace": 0.25})
+    for n, (ax, (title, kwargs)) in enumerate(zip(axes.flat, MASK_PANELS)):
         sq, sk = kwargs["seqlen_q"], kwargs["seqlen_k"]
         visible = visible_keys(**kwargs)
         ax.set_xlim(0, 8)
-        ax.set_ylim(6, -0.9)
+        ax.set_ylim(row_heights[n // 3] - 0.9, -0.9)
         ax.set_aspect("equal")
         ax.axis("off")
         ax.set_title(title, fontsize=9)
@@ -174,7 +175,7 @@ def masks() -> None:
                 ax.add_patch(Rectangle((diag, i), 1, 1, fill=False, edgecolor=RANK[1], lw=2))
         for j in range(sk):
             ax.text(j + 0.5, -0.3, f"{j}", ha="center", fontsize=7, color="#777777")
-    fig.text(0.5, 0.01, "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = sk - sq "
+    fig.text(0.5, 0.04, "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = sk - sq "
              "(the query's own position, bottom-right aligned)", ha="center", fontsize=8)
     return fig
 

@@ -194,7 +194,7 @@ def split_kv() -> None:
         cell(ax, mid - 1.2, 2.2, RANK[s], f"(o{s}, lse{s})", w=2.4, size=8)
         arrow(ax, (mid, 3.25), (5.3, 4.25), color=RANK[s])
     cell(ax, 4.3, 4.25, INK, "⊕  →  (o, lse)", w=4.0, size=9)
-    ax.text(11.9, 2.7, "lse = log Σ_s e^{lse_s}\no = Σ_s e^{lse_s − lse} o_s", fontsize=8, family="monospace",
+    ax.text(11.9, 2.7, "lse = log Σ_s exp(lse_s)\no = Σ_s exp(lse_s − lse) · o_s", fontsize=8, family="monospace",
             va="center")
     return fig
 

@@ -77,9 +77,13 @@ def test_source_include_finds_definitions():
 
 def test_every_catalog_entry_has_a_page(site, catalog):
     index = (site / "errors" / "index.html").read_text(encoding="utf-8")
+    base = catalog["docs_base_url"].rstrip("/")
     for entry in catalog["errors"]:
         page = site / "errors" / entry["id"] / "index.html"
         assert page.is_file(), entry["id"]
+        # The URLs the catalog (and the exception notes) print are the pages and files built here.
+        assert site / entry["docs_url"].removeprefix(base).strip("/") / "index.html" == page
+        assert (site / entry["api_url"].removeprefix(base).strip("/")).is_file(), entry["api_url"]
         text = page.read_text(encoding="utf-8")
         assert "Error message" in text and "Solutions" in text and "Recovery" in text, entry["id"]
         assert f'href="{entry["id"]}/"' in index, f"errors/index does not link {entry['id']}"

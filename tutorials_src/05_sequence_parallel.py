@@ -1,0 +1,337 @@
+# %% [markdown]
+# # Sequence parallelism on one machine
+#
+# When a sequence is too long for one device (long-context LLMs, video diffusion models with
+# hundreds of thousands of tokens), it is cut into shards, one per device ("rank"). Attention is the
+# hard part: every query needs **every** key. This notebook runs the schemes that sglang uses, for
+# real, on 2 and 4 CPU processes talking through `torch.distributed` (gloo):
+#
+# * **Ulysses**: an all-to-all turns "my tokens, all heads" into "all tokens, my heads";
+# * **ring**: key/value blocks travel around a ring of ranks; partial results merge through the LSE;
+# * **zigzag**: the ring with a token order that balances causal work;
+# * **K/V gather**: every rank gathers all keys and values;
+# * **USP**: Ulysses inside groups, ring across them;
+#
+# and checks each against single-process attention. Along the way it counts the bytes each rank
+# receives and the attention work each rank does.
+
+# %%
+import os
+import shutil
+import sys
+import tempfile
+
+import matplotlib.pyplot as plt
+import torch
+
+import attn_ref
+from attn_ref import sequence_parallel as sp
+
+_ = torch.manual_seed(0)
+
+# %% [markdown]
+# ## The problem
+#
+# One sequence of $S = 64$ tokens, $H = 8$ query heads sharing $H_{kv} = 4$ key/value heads (GQA),
+# head dim $D = 16$, plus 8 **text tokens** that every rank holds whole (the prompt of a
+# text-to-video model, say). Layout `[batch, seq, heads, head_dim]`. The answer every scheme must
+# reproduce is ordinary attention of the whole sequence, computed in this process.
+
+# %%
+S, H, Hkv, D, T = 64, 8, 4, 16, 8
+q, k, v = torch.randn(1, S, H, D), torch.randn(1, S, Hkv, D), torch.randn(1, S, Hkv, D)
+text_q, text_k, text_v = torch.randn(1, T, H, D), torch.randn(1, T, Hkv, D), torch.randn(1, T, Hkv, D)
+scale = D**-0.5
+
+full, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale)
+full_causal, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale, causal=True)
+
+# %% [markdown]
+# ## What every rank runs
+#
+# `sp.launch(fn, world_size, args)` starts `world_size` processes, initialises a gloo process group
+# in each, calls `fn(*args)` on every rank and returns the list of per-rank results. The processes
+# are *spawned*, so `fn` must live in a module they can import, not in a notebook cell. The next
+# cell writes that module to a temporary folder. It has three parts:
+#
+# 1. **A byte counter.** The schemes use three collectives: `all_to_all_single`, `all_gather` and
+#    `batch_isend_irecv`. Wrapped, each adds the bytes this rank *receives from other ranks*.
+# 2. **A work counter.** The schemes take the local attention as a parameter (an
+#    `AttentionBackend`). This one counts the (query, key, head) triples it computes, then calls the
+#    reference.
+# 3. **The worker.** Each rank takes its shard of the full tensors and runs every scheme on it.
+
+# %%
+workers_dir = os.path.join(tempfile.gettempdir(), "attn_ref_sp_tutorial")
+shutil.rmtree(workers_dir, ignore_errors=True)  # start from an empty folder
+os.makedirs(workers_dir)
+sys.path.insert(0, workers_dir)  # spawned ranks inherit sys.path, so they find the module too
+
+# %%
+# %%writefile {workers_dir}/sp_tutorial_workers.py
+"""Per-rank code of the sequence-parallel tutorial."""
+import torch.distributed as dist
+
+import attn_ref
+from attn_ref import sequence_parallel as sp
+
+counters = {"received_bytes": 0, "attended": 0}
+collectives = {name: getattr(dist, name) for name in ("all_to_all_single", "all_gather", "batch_isend_irecv")}
+
+
+def nbytes(x):
+    return x.numel() * x.element_size()
+
+
+def counted_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=None):
+    own_rows = output_split_sizes[dist.get_rank(group)]  # the block this rank sends to itself
+    counters["received_bytes"] += nbytes(output) - own_rows * nbytes(output[0])
+    return collectives["all_to_all_single"](output, input, output_split_sizes, input_split_sizes, group=group)
+
+
+def counted_all_gather(parts, x, group=None):
+    counters["received_bytes"] += (len(parts) - 1) * nbytes(x)
+    return collectives["all_gather"](parts, x, group=group)
+
+
+def counted_batch_isend_irecv(ops):
+    counters["received_bytes"] += sum(nbytes(op.tensor) for op in ops if op.op is dist.irecv)
+    return collectives["batch_isend_irecv"](ops)
+
+
+def counted_attention(q, k_cache, v_cache, *, causal=False, **kwargs):
+    visible = attn_ref.visible_keys(q.shape[1], k_cache.shape[1], causal).sum().item()
+    counters["attended"] += q.shape[0] * q.shape[2] * visible
+    return attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, causal=causal, **kwargs)
+
+
+COUNTING = sp.AttentionBackend("counting", counted_attention, attn_ref.merge_attention_states)
+
+
+def measure(run):
+    """(result of run(), bytes received from other ranks, attention triples computed)."""
+    counters["received_bytes"] = counters["attended"] = 0
+    result = run()
+    return result, counters["received_bytes"], counters["attended"]
+
+
+def all_schemes(q, k, v, text_q, text_k, text_v):
+    """{scheme: (this rank's output rows, bytes received, attention work)} for the full tensors
+    q [1, S, H, D], k, v [1, S, Hkv, D]; K/V gather adds the output of the text tokens."""
+    dist.all_to_all_single, dist.all_gather = counted_all_to_all_single, counted_all_gather
+    dist.batch_isend_irecv = counted_batch_isend_irecv
+    P, rank, (H, D, Hkv) = dist.get_world_size(), dist.get_rank(), (q.shape[2], q.shape[3], k.shape[2])
+
+    def shard(ulysses_degree=1, zigzag=False):  # this rank's rows of q, k and v
+        return [sp.shard_sequence(x, rank, ulysses_degree, P // ulysses_degree, zigzag) for x in (q, k, v)]
+
+    all_ranks = sp.init_sequence_parallel_groups(ulysses_degree=P)  # one Ulysses group of P ranks
+    ring = sp.init_sequence_parallel_groups(ulysses_degree=1, ring_degree=P).ring_group
+    usp_groups = sp.init_sequence_parallel_groups(ulysses_degree=2, ring_degree=P // 2)
+    ulysses = sp.UlyssesAttention(H, D, Hkv, groups=all_ranks)
+    kv_gather = sp.UlyssesAttention(H, D, Hkv, sp_attention_mode="kv_gather", groups=all_ranks)
+    usp = sp.USPAttention(H, D, Hkv, causal=True, groups=usp_groups, zigzag=True)
+    ulysses.backend = kv_gather.backend = usp.backend = COUNTING
+    (gather_out, text_out), gather_bytes, gather_work = measure(lambda: kv_gather(*shard(), text_q, text_k, text_v))
+    return {
+        "Ulysses": measure(lambda: ulysses(*shard(ulysses_degree=P))[0]),
+        "ring": measure(lambda: sp.ring_attention(*shard(), group=ring, backend=COUNTING)[0]),
+        "causal ring": measure(lambda: sp.ring_attention(*shard(), group=ring, causal=True, backend=COUNTING)[0]),
+        "causal zigzag ring": measure(
+            lambda: sp.ring_attention(*shard(zigzag=True), group=ring, causal=True, zigzag=True, backend=COUNTING)[0]
+        ),
+        "K/V gather + text": (gather_out, gather_bytes, gather_work, text_out),
+        "causal USP, U=2": measure(lambda: usp(*shard(ulysses_degree=2, zigzag=True))),
+    }
+
+# %% [markdown]
+# ## Launch 2 and 4 ranks
+#
+# Starting the processes takes a few seconds (each one imports torch), so one launch per world size
+# runs every scheme.
+
+# %%
+import sp_tutorial_workers
+
+results = {P: sp.launch(sp_tutorial_workers.all_schemes, P, (q, k, v, text_q, text_k, text_v)) for P in (2, 4)}
+for P, per_rank in results.items():
+    print(f"{P} ranks ran: {' | '.join(per_rank[0])}")
+
+# %% [markdown]
+# ## Every scheme equals single-process attention
+#
+# `sp.unshard_sequence` puts the per-rank output shards back in sequence order (it knows the
+# contiguous and zigzag layouts).
+
+# %%
+def gathered(P, scheme, ulysses_degree=1, zigzag=False):
+    shards = [rank_results[scheme][0] for rank_results in results[P]]
+    return sp.unshard_sequence(shards, ulysses_degree, P // ulysses_degree, zigzag)[0]
+
+
+for P in (2, 4):
+    torch.testing.assert_close(gathered(P, "Ulysses", ulysses_degree=P), full)
+    torch.testing.assert_close(gathered(P, "ring"), full)
+    torch.testing.assert_close(gathered(P, "causal ring"), full_causal)
+    torch.testing.assert_close(gathered(P, "causal zigzag ring", zigzag=True), full_causal)
+    torch.testing.assert_close(gathered(P, "causal USP, U=2", ulysses_degree=2, zigzag=True), full_causal)
+print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process attention")
+
+# %% [markdown]
+# ### How Ulysses can be exact
+#
+# Attention never mixes heads: the output of head $h$ depends only on head $h$ of the queries (and
+# its KV head) over all tokens. After the all-to-all, rank $r$ holds **all** $S$ tokens of heads
+# $[rH/P, (r+1)H/P)$, runs plain attention on them, and a second all-to-all sends each token's
+# output back to the rank that owns the token. Nothing is approximated; data only moves.
+#
+# ### How the ring can be exact
+#
+# At step $t$ rank $r$ holds the key/value block of rank $(r - t) \bmod P$. It attends its queries
+# to that block and folds the result into a running state with the merge of tutorial 4:
+#
+# $$\text{lse} = \log\!\big(e^{\text{lse}_{\text{acc}}} + e^{\text{lse}_{\text{blk}}}\big), \qquad
+# o = e^{\text{lse}_{\text{acc}} - \text{lse}}\, o_{\text{acc}} + e^{\text{lse}_{\text{blk}} - \text{lse}}\, o_{\text{blk}} .$$
+#
+# After $P$ steps every query has met every key exactly once.
+#
+# ## Replicated tokens are counted once
+#
+# The 8 text tokens sit on every rank. The K/V-gather run gathers only the *sharded* keys, then
+# appends the local copy of the text keys, so the sequence the queries see is
+# `[shard 0, ..., shard P-1, text]`, with each text key present once. The text queries are computed
+# on every rank (each rank gets the same, whole, text output).
+
+# %%
+all_q, all_k, all_v = (torch.cat(pair, dim=1)[0] for pair in ((q, text_q), (k, text_k), (v, text_v)))
+expected, _ = attn_ref.attention_with_lse(all_q, all_k, all_v, scale)  # (S + T, H, D)
+
+for P in (2, 4):
+    torch.testing.assert_close(gathered(P, "K/V gather + text"), expected[:S])
+    for rank_results in results[P]:
+        text_out = rank_results["K/V gather + text"][3]
+        torch.testing.assert_close(text_out[0], expected[S:])
+
+# %% [markdown]
+# Had each rank appended its text keys *before* the gather, every text key would appear $P$ times,
+# and its softmax weight would be $P e^{\ell} / (\sum_{\text{other}} + P e^{\ell})$ instead of
+# $e^{\ell} / (\sum_{\text{other}} + e^{\ell})$. The damage, for 4 ranks:
+
+# %%
+P = 4
+duplicated_k = torch.cat([k[0]] + [text_k[0]] * P)
+duplicated_v = torch.cat([v[0]] + [text_v[0]] * P)
+wrong, _ = attn_ref.attention_with_lse(all_q, duplicated_k, duplicated_v, scale)
+print("max |duplicated text - correct|:", (wrong - expected).abs().max().item())
+
+# %% [markdown]
+# ## Causal work: contiguous ring versus zigzag
+#
+# With a causal mask, a key block that comes *after* a rank's queries is invisible and skipped.
+# With contiguous shards rank 0 (the first tokens) sees only its own block, while the last rank sees
+# all of them: the last rank works $P$ times longer, and everybody waits for it. **Zigzag** cuts the
+# sequence into $2P$ chunks and gives rank $r$ chunks $r$ and $2P-1-r$, one early and one late, so
+# every rank does the same work.
+
+# %%
+P = 4
+print("zigzag token order of rank 0:", sp.shard_positions(16, 0, ring_degree=P, zigzag=True).tolist(), "(S = 16)")
+contiguous = [rank_results["causal ring"][2] for rank_results in results[P]]
+zigzag = [rank_results["causal zigzag ring"][2] for rank_results in results[P]]
+
+ranks = torch.arange(P)
+plt.figure(figsize=(6, 3))
+plt.bar(ranks - 0.2, contiguous, width=0.4, label="contiguous shards")
+plt.bar(ranks + 0.2, zigzag, width=0.4, label="zigzag shards")
+plt.xticks(ranks.tolist(), [f"rank {r}" for r in range(P)])
+plt.ylabel("(query, key, head) triples"), plt.title("causal ring attention, 4 ranks", fontsize=9)
+plt.legend(fontsize=8)
+plt.show()
+assert len(set(zigzag)) == 1 and sum(zigzag) == sum(contiguous)
+
+# %% [markdown]
+# ## Communication volume
+#
+# Per rank and per attention layer, with $P$ ranks, $S$ tokens, $b$ bytes per number:
+#
+# | Scheme | Bytes received by each rank |
+# |---|---|
+# | Ulysses | $\frac{P-1}{P} \cdot \frac{S}{P} \cdot (2H + 2H_{kv}) \cdot D \cdot b$ (all-to-alls of q, k, v and the output) |
+# | ring (any order) | $(P-1) \cdot \frac{S}{P} \cdot 2 H_{kv} \cdot D \cdot b$ ($P-1$ hops of the local K and V) |
+# | K/V gather | the same bytes as the ring, in one all-gather (and all of K/V in memory at once) |
+# | USP, $P = U \cdot R$ | Ulysses among $U$ ranks on $S/P$ tokens + a ring of $R$ over blocks of $S/R$ tokens with $H_{kv}/U$ heads |
+#
+# The `UlyssesAttention` here also returns each row's LSE, which adds one more all-to-all of
+# $\frac{P-1}{P} \cdot \frac{S}{P} \cdot H$ fp32 numbers. The counted bytes match the formulas exactly:
+
+# %%
+def ulysses_bytes(P, S, H, Hkv, D, b=4):
+    return (P - 1) / P * (S / P) * (2 * H + 2 * Hkv) * D * b
+
+
+def ring_bytes(P, S, Hkv, D, b=4):
+    return (P - 1) * (S / P) * 2 * Hkv * D * b
+
+
+def usp_bytes(U, R, S, H, Hkv, D, b=4):
+    return ulysses_bytes(U, S / R, H, Hkv, D, b) + ring_bytes(R, S, Hkv / U, D, b)
+
+
+def lse_bytes(P, S, H):
+    return (P - 1) / P * (S / P) * H * 4
+
+
+print(f"{'scheme':22s}" + "".join(f"{f'P={P} counted':>14s}{'formula':>10s}" for P in (2, 4)))
+for scheme in results[4][0]:
+    counted = {P: results[P][0][scheme][1] for P in (2, 4)}
+    assert all(rank_results[scheme][1] == counted[P] for P in (2, 4) for rank_results in results[P])
+    formula = {
+        P: ulysses_bytes(P, S, H, Hkv, D) + lse_bytes(P, S, H) if scheme == "Ulysses"
+        else usp_bytes(2, P // 2, S, H, Hkv, D) if "USP" in scheme
+        else ring_bytes(P, S, Hkv, D)
+        for P in (2, 4)
+    }
+    assert all(counted[P] == formula[P] for P in (2, 4))
+    print(f"{scheme:22s}" + "".join(f"{counted[P]:14,d}{formula[P]:10,.0f}" for P in (2, 4)))
+
+# %% [markdown]
+# Which scheme moves fewer bytes depends on $P$ and on how many query heads share a KV head,
+# $\rho = H / H_{kv}$. The ratio is
+#
+# $$\frac{\text{K/V gather (or ring)}}{\text{Ulysses}} = \frac{P \cdot H_{kv}}{H + H_{kv}} = \frac{P}{\rho + 1}.$$
+#
+# Ulysses' bytes per rank *shrink* as $P$ grows, while the ring's and the gather's stay nearly
+# constant. With strong GQA ($\rho = 8$) the gather is cheaper for every $P < 9$. Ulysses also needs
+# $H_{kv}$ divisible by $P$, which K/V gather and the ring do not.
+
+# %%
+Ps = torch.arange(2, 17)
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+for rho, style in ((1, "-"), (2, "--"), (8, ":")):
+    h_kv = H / rho
+    axes[0].plot(Ps, [ulysses_bytes(p, S, H, h_kv, D) / 1024 for p in Ps.tolist()], "C0" + style, label=f"Ulysses, ρ={rho}")
+    axes[0].plot(Ps, [ring_bytes(p, S, h_kv, D) / 1024 for p in Ps.tolist()], "C1" + style, label=f"ring / K/V gather, ρ={rho}")
+    axes[1].plot(Ps, Ps / (rho + 1), "k" + style, label=f"ρ = {rho}")
+for P in (2, 4):
+    counted_ulysses = results[P][0]["Ulysses"][1] - lse_bytes(P, S, H)  # q, k, v and out only
+    axes[0].plot([P, P], [results[P][0]["ring"][1] / 1024, counted_ulysses / 1024], "ko")
+axes[0].set_xlabel("ranks P"), axes[0].set_ylabel("KiB received per rank (S = 64)")
+axes[0].set_title("formulas (lines) and this run (dots, ρ = 2)", fontsize=9), axes[0].legend(fontsize=7)
+axes[1].axhline(1, color="grey", linewidth=0.5)
+axes[1].set_xlabel("ranks P"), axes[1].set_ylabel("K/V gather bytes / Ulysses bytes"), axes[1].legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Summary
+#
+# | Scheme | Moves | Needs | Good for |
+# |---|---|---|---|
+# | Ulysses | all-to-all of q, k, v, out | $H$ and $H_{kv}$ divisible by $P$ | many heads, fast all-to-all (inside a node) |
+# | ring | $P - 1$ K/V hops, overlapped with compute | LSE merge | any head count, across nodes |
+# | zigzag ring | the same | $S$ divisible by $2P$ | causal attention, balanced work |
+# | K/V gather | one all-gather of K/V | memory for the full K/V | strong GQA/MQA, small $P$, non-causal |
+# | USP | Ulysses ($U$) + ring ($R$) | $H$ divisible by $U$ | more ranks than heads |
+#
+# Replicated tokens (text prompts) stay out of the collectives and are attended once. The same
+# classes run on the Triton kernels from `kernels.sequence_parallel`.

@@ -14,6 +14,24 @@ rank holds whole are counted once.
 
 The local attention and the merge are a parameter (:class:`AttentionBackend`): these classes use the
 PyTorch reference; :mod:`kernels.sequence_parallel` has the same classes on the Triton kernels.
+
+Deliberate differences from sglang's ``layer.py`` / ``usp.py`` (the facts followed are in the
+project's sequence-parallel spec):
+
+* Groups and the SP mode are arguments (``groups=``, ``sp_attention_mode=``), not global state or
+  server arguments; ``"auto"`` plays the role of ``sp_split_auto``.
+* Upstream ``assert`` s and the ``AllToAll4D`` ``RuntimeError`` are ``ValueError`` s with the same
+  text; every check runs before the first collective (:mod:`.checks`).
+* "Replicated Q, K, and V must be provided together." is raised on the Ulysses path too (sglang
+  only checks k/v there when ``replicated_q`` is given and ignores a lone ``replicated_k``).
+* UlyssesAttention packs q/k/v per shape instead of ``cat([q, k, v])``, so GQA works
+  (``Hkv % P == 0``); it can also return the LSEs (``return_softmax_lse=True``).
+* USPAttention is correct with ``causal=True`` and replicated tokens, under ring too (each chunk
+  pair is masked by its place in the global sequence); sglang's ring relies on the backend's
+  pre-configured mask. It checks "at most one replicated mode" at every SP size, also 1.
+* Not implemented: attention masks / padding metadata, varlen USP, the segmented ``q_prefix``
+  inputs, ``skip_sequence_parallel``, K/V gather inside USPAttention, UlyssesAttention_VSA, and
+  autograd (forward only).
 """
 
 from .backend import REFERENCE_BACKEND, AttentionBackend

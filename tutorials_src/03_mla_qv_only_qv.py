@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import attn_ref
+import errors
 
 _ = torch.manual_seed(0)
 
@@ -169,14 +170,17 @@ assert torch.equal(ignored, only)
 #
 # Without `only_qv`, the score contains $q_i \cdot k_j$, so there is nothing to compute without `q`.
 # The checks follow sglang's wrapper, in sglang's order, and each one says what to do. Each cell below
-# makes the mistake on purpose, asserts that the expected error happened, and prints its message.
+# makes the mistake on purpose, asserts that the expected error happened, and resolves it to its
+# entry in the error catalog with `errors.lookup` (tutorial 6 shows what an entry holds).
 
 # %%
 try:
     attn_ref.flash_attn_with_kvcache(None, k_cache, v_cache, qv=qv)  # forgot only_qv=True
 except ValueError as error:
-    print(error)
     assert str(error) == "q can only be None when only_qv=True"
+    entry = errors.lookup(error)
+    assert entry["slug"] == "kvcache/q-none-without-only-qv"
+    print(f"{error}\n  -> catalog entry {entry['id']}: {entry['slug']}")
 else:
     raise AssertionError("expected a ValueError")
 
@@ -187,8 +191,10 @@ else:
 try:
     attn_ref.flash_attn_with_kvcache(None, None, v_cache, only_qv=True)  # forgot qv
 except ValueError as error:
-    print(error)
     assert str(error) == "q must be provided unless qv is provided with only_qv=True"
+    entry = errors.lookup(error)
+    assert entry["slug"] == "kvcache/q-none-and-qv-none"
+    print(f"{error}\n  -> catalog entry {entry['id']}: {entry['slug']}")
 else:
     raise AssertionError("expected a ValueError")
 
@@ -200,8 +206,10 @@ else:
 try:
     attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, only_qv=True)
 except ValueError as error:
-    print(error)
     assert str(error) == "only_qv=True requires qv to be provided"
+    entry = errors.lookup(error)
+    assert entry["slug"] == "kvcache/only-qv-without-qv"
+    print(f"{error}\n  -> catalog entry {entry['id']}: {entry['slug']}")
 else:
     raise AssertionError("expected a ValueError")
 

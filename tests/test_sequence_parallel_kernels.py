@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("kernels.sequence_parallel", reason="kernels.flash_attn_with_kvcache / merge_attention_states missing")
+pytest.importorskip(
+    "kernels.sequence_parallel", reason="needs kernels.flash_attn_with_kvcache and kernels.merge_attention_states"
+)
 
 from attn_ref import sequence_parallel as sp  # noqa: E402
 from test_sequence_parallel_ranks import CASES, check_case, check_error, error_cases, run_rank  # noqa: E402

@@ -4,9 +4,10 @@ Each rank count is spawned once (a module-scoped fixture): every rank runs all t
 world size and all the error cases, and reports its tensors and exceptions; the tests check the
 reports. For each case, every rank's rows (sharded and replicated) must match single-process
 attention over the whole sequence (FlashAttention's tolerance rule for the output, fp32 noise for
-the LSE; the low-precision reference is FA's ``upcast=False`` oracle). A hang fails the fixture through the launcher's timeout instead of blocking the run.
+the LSE; the low-precision reference is FA's ``upcast=False`` oracle). A hang fails the fixture
+through the launcher's timeout instead of blocking the run.
 
-:mod:`test_sequence_parallel_kernels` runs a subset of the same cases on the Triton kernels.
+:mod:`test_sequence_parallel_kernels` runs the same cases on the Triton kernels.
 """
 
 from __future__ import annotations
@@ -78,10 +79,12 @@ def _cases_two_ranks() -> list[Case]:
     cases += [Case("ring", 1, 2, gqa, causal) for gqa in (False, True) for causal in (False, True)]
     cases += [Case("ring", 1, 2, gqa, True, zigzag=True) for gqa in (False, True)]
     cases += [Case("ring", 1, 2, True, False, zigzag=True)]
+    masks = ((False, False), (True, False), (True, True))  # (causal, zigzag)
     cases += [Case("usp", 1, 2, True, causal, zigzag, rep)
-              for rep in ("prefix", "suffix", "kv_prefix") for causal, zigzag in ((False, False), (True, False), (True, True))]
+              for rep in ("prefix", "suffix", "kv_prefix") for causal, zigzag in masks]
     cases += [Case("usp", 2, 1, gqa, causal, replicated=rep)
-              for gqa, rep in ((False, ""), (True, "prefix"), (False, "suffix"), (True, "kv_prefix")) for causal in (False, True)]
+              for gqa, rep in ((False, ""), (True, "prefix"), (False, "suffix"), (True, "kv_prefix"))
+              for causal in (False, True)]
     cases += [Case("ulysses", 2, 1, True, True, replicated="suffix", dtype="float16"),
               Case("ring", 1, 2, True, True, zigzag=True, dtype="float16"),
               Case("usp", 1, 2, True, True, True, "prefix", dtype="float16")]
@@ -92,7 +95,8 @@ def _cases_four_ranks() -> list[Case]:
     cases = [Case("usp", 2, 2, gqa, causal, zigzag, rep)
              for gqa in (False, True) for rep in ("", "prefix", "suffix", "kv_prefix")
              for causal, zigzag in ((False, False), (True, False), (True, True))]
-    cases += [Case("ulysses", 4, 1, gqa, causal, replicated="suffix") for gqa in (False, True) for causal in (False, True)]
+    cases += [Case("ulysses", 4, 1, gqa, causal, replicated="suffix")
+              for gqa in (False, True) for causal in (False, True)]
     cases += [Case("ulysses", 4, 1, True, True, varlen=True)]
     cases += [Case("kv_gather", 4, 1, gqa, replicated="suffix") for gqa in (False, True)]
     cases += [Case("ring", 1, 4, True, True, zigzag) for zigzag in (False, True)]
@@ -130,7 +134,8 @@ def _full_inputs(case: Case) -> dict[str, torch.Tensor]:
     def rand(rows, heads):
         return torch.randn(BATCH, rows, heads, HEAD_DIM, generator=gen).to(dtype)
 
-    return dict(q=rand(SEQ, h), k=rand(SEQ, hkv), v=rand(SEQ, hkv), rq=rand(N_REP, h), rk=rand(N_REP, hkv), rv=rand(N_REP, hkv))
+    return dict(q=rand(SEQ, h), k=rand(SEQ, hkv), v=rand(SEQ, hkv),
+                rq=rand(N_REP, h), rk=rand(N_REP, hkv), rv=rand(N_REP, hkv))
 
 
 def _global_sequence(case: Case, x: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -232,27 +237,36 @@ def _ulysses(api, groups_for, world, h=4, hkv=4, **kw):
     return api.UlyssesAttention(h, HEAD_DIM, hkv, groups=groups_for(world, 1), **kw)
 
 
+TOGETHER = re.escape("Replicated Q, K, and V must be provided together.")
+NOT_RING_AWARE = r"UlyssesAttention's all-to-all spans the combined sequence parallel group"
+ZIGZAG_ODD = r"the zigzag layout needs an even number of rows per ring block"
+
+
 def error_cases(world: int) -> list[ErrorCase]:
+    """The bad calls of a ``world``-rank run (the same on every rank)."""
     w = world
     odd = 3 * w // 2  # a head count the world size does not divide
     rep = _qkv(seq=2)
+    kv_gather = dict(sp_attention_mode="kv_gather")
     cases = [
         ErrorCase("ulysses-non-4d", ValueError, r"Expected 4D tensors",
                   lambda api, g: _ulysses(api, g, w)(torch.randn(8, 4, HEAD_DIM), *_qkv()[1:])),
-        ErrorCase("ulysses-replicated-partial", ValueError, re.escape("Replicated Q, K, and V must be provided together."),
+        ErrorCase("ulysses-replicated-partial", ValueError, TOGETHER,
                   lambda api, g: _ulysses(api, g, w)(*_qkv(), rep[0], None, rep[2])),
-        ErrorCase("kv-gather-replicated-partial", ValueError, re.escape("Replicated Q, K, and V must be provided together."),
-                  lambda api, g: _ulysses(api, g, w, sp_attention_mode="kv_gather")(*_qkv(), None, rep[1], None)),
-        ErrorCase("kv-gather-varlen", NotImplementedError, re.escape("K/V-gather SP does not support varlen UlyssesAttention."),
-                  lambda api, g: _ulysses(api, g, w, sp_attention_mode="kv_gather")(*_qkv(), seq_lens=[8] * w)),
+        ErrorCase("kv-gather-replicated-partial", ValueError, TOGETHER,
+                  lambda api, g: _ulysses(api, g, w, **kv_gather)(*_qkv(), None, rep[1], None)),
+        ErrorCase("kv-gather-varlen", NotImplementedError,
+                  re.escape("K/V-gather SP does not support varlen UlyssesAttention."),
+                  lambda api, g: _ulysses(api, g, w, **kv_gather)(*_qkv(), seq_lens=[8] * w)),
         ErrorCase("kv-gather-causal", ValueError, re.escape("K/V-gather SP does not support causal attention."),
-                  lambda api, g: _ulysses(api, g, w, causal=True, sp_attention_mode="kv_gather")),
+                  lambda api, g: _ulysses(api, g, w, causal=True, **kv_gather)),
         ErrorCase("ulysses-varlen-replicated", ValueError, "Varlen Ulysses attention does not support replicated QKV",
                   lambda api, g: _ulysses(api, g, w)(*_qkv(), *rep, seq_lens=[8] * w)),
         ErrorCase("ulysses-heads-not-divisible", ValueError,
                   rf"num_heads \({odd}\) must be divisible by the sequence parallel world size \({w}\)",
                   lambda api, g: _ulysses(api, g, w, h=odd, hkv=odd)(*_qkv(odd, odd))),
-        ErrorCase("ulysses-kv-heads-not-divisible", ValueError, rf"num_kv_heads \(1\) must be divisible by the sequence parallel world size",
+        ErrorCase("ulysses-kv-heads-not-divisible", ValueError,
+                  r"num_kv_heads \(1\) must be divisible by the sequence parallel world size",
                   lambda api, g: _ulysses(api, g, w, h=4, hkv=1)(*_qkv(4, 1))),
         ErrorCase("ulysses-seq-lens-length", ValueError, rf"seq_lens must have length {w}, got {w + 1}",
                   lambda api, g: _ulysses(api, g, w)(*_qkv(), seq_lens=[8] * (w + 1))),
@@ -260,19 +274,24 @@ def error_cases(world: int) -> list[ErrorCase]:
                   lambda api, g: _ulysses(api, g, w)(*_qkv(), seq_lens=[7] * w)),
         ErrorCase("ulysses-shapes", ValueError, r"k and v must have q's sequence length",
                   lambda api, g: _ulysses(api, g, w)(*_qkv()[:2], torch.randn(1, 7, 4, HEAD_DIM))),
-        ErrorCase("usp-modes", ValueError, re.escape("USPAttention supports at most one replicated-token mode per call."),
-                  lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(*_qkv(), num_replicated_prefix=1, num_replicated_suffix=1)),
-        ErrorCase("usp-zigzag-odd-block", ValueError, r"the zigzag layout needs an even number of rows per ring block",
+        ErrorCase("usp-modes", ValueError,
+                  re.escape("USPAttention supports at most one replicated-token mode per call."),
+                  lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(
+                      *_qkv(), num_replicated_prefix=1, num_replicated_suffix=1)),
+        ErrorCase("usp-zigzag-odd-block", ValueError, ZIGZAG_ODD,
                   lambda api, g: api.USPAttention(4, HEAD_DIM, causal=True, groups=g(1, w), zigzag=True)(*_qkv(seq=7))),
-        ErrorCase("usp-replicated-too-long", ValueError, r"num_replicated_suffix \(8\) must be smaller than q's local sequence length \(8\)",
+        ErrorCase("usp-replicated-too-long", ValueError,
+                  r"num_replicated_suffix \(8\) must be smaller than q's local sequence length \(8\)",
                   lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(*_qkv(), num_replicated_suffix=8)),
-        ErrorCase("ring-zigzag-odd", ValueError, r"the zigzag layout needs an even number of rows per ring block",
+        ErrorCase("ring-zigzag-odd", ValueError, ZIGZAG_ODD,
                   lambda api, g: api.ring_attention(*_qkv(seq=7), g(1, w).ring_group, causal=True, zigzag=True)),
         ErrorCase("ring-non-4d", ValueError, r"Expected 4D tensors",
                   lambda api, g: api.ring_attention(torch.randn(8, 4, HEAD_DIM), *_qkv()[1:], g(1, w).ring_group)),
-        ErrorCase("all-to-all-heads", ValueError, rf"head dimension \(3\) must be divisible by sequence parallel world size \({w}\)",
+        ErrorCase("all-to-all-heads", ValueError,
+                  rf"head dimension \(3\) must be divisible by sequence parallel world size \({w}\)",
                   lambda api, g: sp.all_to_all_4d(torch.randn(1, 4, 3, 2), 2, 1, g(w, 1).sp_group)),
-        ErrorCase("all-to-all-seq", ValueError, rf"sequence dimension \(5\) must be divisible by sequence parallel world size \({w}\)",
+        ErrorCase("all-to-all-seq", ValueError,
+                  rf"sequence dimension \(5\) must be divisible by sequence parallel world size \({w}\)",
                   lambda api, g: sp.all_to_all_4d(torch.randn(1, 5, 4, 2), 1, 2, g(w, 1).sp_group)),
         ErrorCase("all-to-all-dims", ValueError, r"Invalid scatter_dim=1, gather_dim=3",
                   lambda api, g: sp.all_to_all_4d(torch.randn(1, 4, 4, 2), 1, 3, g(w, 1).sp_group)),
@@ -283,13 +302,14 @@ def error_cases(world: int) -> list[ErrorCase]:
     ]
     if world == 4:
         cases += [
-            ErrorCase("ulysses-under-ring", NotImplementedError, r"UlyssesAttention's all-to-all spans the combined sequence parallel group",
+            ErrorCase("ulysses-under-ring", NotImplementedError, NOT_RING_AWARE,
                       lambda api, g: api.UlyssesAttention(4, HEAD_DIM, groups=g(2, 2))),
-            ErrorCase("usp-heads-not-divisible", ValueError, r"num_kv_heads \(1\) must be divisible by the Ulysses degree \(2\)",
+            ErrorCase("usp-heads-not-divisible", ValueError,
+                      r"num_kv_heads \(1\) must be divisible by the Ulysses degree \(2\)",
                       lambda api, g: api.USPAttention(4, HEAD_DIM, 1, groups=g(2, 2))(*_qkv(4, 1))),
         ]
     else:
-        cases.append(ErrorCase("ulysses-under-ring", NotImplementedError, r"UlyssesAttention's all-to-all spans the combined sequence parallel group",
+        cases.append(ErrorCase("ulysses-under-ring", NotImplementedError, NOT_RING_AWARE,
                                lambda api, g: api.UlyssesAttention(4, HEAD_DIM, groups=g(1, 2))))
     return cases
 

@@ -293,7 +293,9 @@ def check_heads_divisible(num_heads: int, num_kv_heads: int, degree: int, degree
         )
 
 
-def check_replicated_modes(num_replicated_prefix: int, num_replicated_suffix: int, num_replicated_kv_prefix: int) -> int:
+def check_replicated_modes(
+    num_replicated_prefix: int, num_replicated_suffix: int, num_replicated_kv_prefix: int
+) -> int:
     """Counts are ints >= 0, at most one is set (sglang's text). Returns how many are set."""
     check_count("num_replicated_prefix", num_replicated_prefix)
     check_count("num_replicated_suffix", num_replicated_suffix)
@@ -333,7 +335,10 @@ def check_shard_args(seq_len: int, sp_rank: int, ulysses_degree: int, ring_degre
         raise ValueError(f"sp_rank must be an int in [0, {world}), got {sp_rank!r}")
     parts = 2 * world if zigzag else world
     if seq_len % parts:
-        layout = f"2 x ring_degree x ulysses_degree ({parts}) for the zigzag layout" if zigzag else f"the world size ({parts})"
+        if zigzag:
+            layout = f"2 x ring_degree x ulysses_degree ({parts}) for the zigzag layout"
+        else:
+            layout = f"the world size ({parts})"
         raise ValueError(f"sequence length ({seq_len}) must be divisible by {layout}")
 
 

@@ -33,7 +33,8 @@ def shard_positions(
         return torch.arange(sp_rank * n, (sp_rank + 1) * n)
     g, u = sp_rank // ulysses_degree, sp_rank % ulysses_degree
     c = seq_len // (2 * ring_degree)
-    block = torch.cat([torch.arange(g * c, (g + 1) * c), torch.arange((2 * ring_degree - 1 - g) * c, (2 * ring_degree - g) * c)])
+    late = 2 * ring_degree - 1 - g  # the chunk paired with chunk g
+    block = torch.cat([torch.arange(g * c, (g + 1) * c), torch.arange(late * c, (late + 1) * c)])
     return block.chunk(ulysses_degree)[u]
 
 

@@ -142,7 +142,8 @@ def ring_attention_states(
 
     def accumulate(k_blk: torch.Tensor, v_blk: torch.Tensor, k_chunks: Sequence[Chunk]) -> None:
         for blk in _blocks(q_chunks, k_chunks, causal):
-            o, l = backend.attend(q[:, blk.q_rows], k_blk[:, blk.k_rows], v_blk[:, blk.k_rows], softmax_scale, blk.causal)
+            q_blk = q[:, blk.q_rows]
+            o, l = backend.attend(q_blk, k_blk[:, blk.k_rows], v_blk[:, blk.k_rows], softmax_scale, blk.causal)
             out[:, blk.q_rows], lse[:, blk.q_rows] = backend.merge(out[:, blk.q_rows], lse[:, blk.q_rows], o, l)
 
     size, rank = group_size(group), group_rank(group)

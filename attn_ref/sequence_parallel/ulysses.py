@@ -124,7 +124,8 @@ class UlyssesAttention(torch.nn.Module):
         else:
             replicated = check_ulysses_call(seq_lens, replicated_q, replicated_k, replicated_v)
             self._check_shapes(q, k, v, replicated_q, replicated_k, replicated_v, replicated)
-            check_heads_divisible(self.num_heads, self.num_kv_heads, self.groups.sp_size, "sequence parallel world size")
+            world = self.groups.sp_size
+            check_heads_divisible(self.num_heads, self.num_kv_heads, world, "sequence parallel world size")
             if seq_lens is not None:
                 seq_lens = check_seq_lens(seq_lens, self.groups.sp_size)
                 check_local_seq_len(q, seq_lens, self.groups.sp_rank)

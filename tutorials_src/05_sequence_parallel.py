@@ -49,10 +49,10 @@ full_causal, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale, causal=Tru
 # %% [markdown]
 # ## What every rank runs
 #
-# `sp.launch(fn, world_size, args)` starts `world_size` processes, initialises a gloo process group
-# in each, calls `fn(*args)` on every rank and returns the list of per-rank results. The processes
-# are *spawned*, so `fn` must live in a module they can import, not in a notebook cell. The next
-# cell writes that module to a temporary folder. It has three parts:
+# `sp.launch(fn, world_size, args, backend="gloo")` starts `world_size` processes, initialises a
+# gloo (CPU) process group in each, calls `fn(*args)` on every rank and returns the list of per-rank
+# results. The processes are *spawned*, so `fn` must live in a module they can import, not in a
+# notebook cell. The next cell writes that module to a temporary folder. It has three parts:
 #
 # 1. **A byte counter.** The schemes use three collectives: `all_to_all_single`, `all_gather` and
 #    `batch_isend_irecv`. Wrapped, each adds the bytes this rank *receives from other ranks*.
@@ -153,7 +153,8 @@ def all_schemes(q, k, v, text_q, text_k, text_v):
 # %%
 import sp_tutorial_workers
 
-results = {P: sp.launch(sp_tutorial_workers.all_schemes, P, (q, k, v, text_q, text_k, text_v)) for P in (2, 4)}
+args = (q, k, v, text_q, text_k, text_v)
+results = {P: sp.launch(sp_tutorial_workers.all_schemes, P, args, backend="gloo") for P in (2, 4)}
 for P, per_rank in results.items():
     print(f"{P} ranks ran: {' | '.join(per_rank[0])}")
 

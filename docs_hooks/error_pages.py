@@ -89,11 +89,12 @@ def entry_page(entry: dict, by_id: dict) -> str:
     lines += ["## What it means", "", entry["what_it_means"].rstrip(), "",
               "## When it happens", "", when["trigger"].rstrip(), ""]
     lines += [f"* {situation}" for situation in when["common_situations"]] + [""]
-    excerpt = source["excerpt"]
-    first, last = source["line"] - excerpt["start_line"] + 1, source["end_line"] - excerpt["start_line"] + 1
+    # Pygments drops leading empty lines, so the block starts at the first non-empty one.
+    text = source["excerpt"]["text"].lstrip("\n")
+    start = source["excerpt"]["start_line"] + len(source["excerpt"]["text"]) - len(text)
+    first, last = source["line"] - start + 1, source["end_line"] - start + 1
     lines += ["## Source", "", f"Raised in `{source['function']}`, `{source['path']}` line {source['line']}:", "",
-              _fence(excerpt["text"], "python", f'linenums="{excerpt["start_line"]}" hl_lines="{first}-{last}" '
-                                                f'title="{source["path"]}"'), ""]
+              _fence(text, "python", f'linenums="{start}" hl_lines="{first}-{last}" title="{source["path"]}"'), ""]
     lines += ["## Solutions", ""]
     for n, solution in enumerate(entry["solutions"], 1):
         lines += [f"{n}. **{solution['title']}**", "", _indent(solution["body"].rstrip()), ""]

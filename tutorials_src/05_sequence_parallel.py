@@ -229,10 +229,10 @@ print("max |duplicated text - correct|:", (wrong - expected).abs().max().item())
 # ## Causal work: contiguous ring versus zigzag
 #
 # With a causal mask, a key block that comes *after* a rank's queries is invisible and skipped.
-# With contiguous shards rank 0 (the first tokens) sees only its own block, while the last rank sees
-# all of them: the last rank works $P$ times longer, and everybody waits for it. **Zigzag** cuts the
-# sequence into $2P$ chunks and gives rank $r$ chunks $r$ and $2P-1-r$, one early and one late, so
-# every rank does the same work.
+# With contiguous shards, rank 0 (the first tokens) computes only the causal half of its own block,
+# while the last rank computes $P - 1$ full blocks and that half: about $2P - 1$ times the work of
+# rank 0, and everybody waits for it. **Zigzag** cuts the sequence into $2P$ chunks and gives rank
+# $r$ chunks $r$ and $2P-1-r$, one early and one late, so every rank does the same work.
 
 # %%
 P = 4
@@ -301,8 +301,8 @@ for scheme in results[4][0]:
 #
 # $$\frac{\text{K/V gather (or ring)}}{\text{Ulysses}} = \frac{P \cdot H_{kv}}{H + H_{kv}} = \frac{P}{\rho + 1}.$$
 #
-# Ulysses' bytes per rank *shrink* as $P$ grows, while the ring's and the gather's stay nearly
-# constant. With strong GQA ($\rho = 8$) the gather is cheaper for every $P < 9$. Ulysses also needs
+# Ulysses' bytes per rank *shrink* as $P$ grows, while the ring's and the gather's grow towards a
+# constant, $2 S H_{kv} D b$. With strong GQA ($\rho = 8$) the gather is cheaper for every $P < 9$. Ulysses also needs
 # $H_{kv}$ divisible by $P$, which K/V gather and the ring do not.
 
 # %%

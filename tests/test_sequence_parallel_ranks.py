@@ -1,8 +1,8 @@
 """Sequence-parallel attention across real ranks (gloo on CPU): every scheme equals one device.
 
-Each rank count is spawned once (a module-scoped fixture): every rank runs all the cases of that
-world size and all the error cases, and reports its tensors and exceptions; the tests check the
-reports. For each case, every rank's rows (sharded and replicated) must match single-process
+Each rank count is spawned once (a module-scoped fixture): every rank runs the collectives, all the
+cases of that world size and all the error cases, and reports its tensors and exceptions; the tests
+check the reports. For each case, every rank's rows (sharded and replicated) must match single-process
 attention over the whole sequence (FlashAttention's tolerance rule for the output, fp32 noise for
 the LSE; the low-precision reference is FA's ``upcast=False`` oracle). A hang fails the fixture
 through the launcher's timeout instead of blocking the run.
@@ -314,8 +314,32 @@ def error_cases(world: int) -> list[ErrorCase]:
     return cases
 
 
-def run_rank(api_name: str, case_ids: list[str], world: int, with_errors: bool = True) -> dict:
-    """Body of every rank: the cases named ``case_ids`` and (optionally) all error cases."""
+def run_collectives(groups: sp.SequenceParallelGroups, ring_group) -> dict[str, torch.Tensor]:
+    """Each collective applied to a tensor whose values name their rank, token and head.
+
+    ``x [B, 3, 2P, D]`` (equal shards) and ``x_varlen [B, S_rank, 2P, D]`` (``_varlen_lens``).
+    """
+    world, rank, group = groups.sp_size, groups.sp_rank, groups.sp_group
+
+    def tokens(n):
+        shape = (BATCH, n, 2 * world, 4)
+        return rank * 1000 + torch.arange(BATCH * n * 2 * world * 4, dtype=torch.float32).reshape(shape)
+
+    x, x_varlen = tokens(3), tokens(_varlen_lens(world)[rank])
+    heads = sp.all_to_all_4d(x, 2, 1, group)
+    heads_varlen = sp.all_to_all_4d(x_varlen, 2, 1, group, seq_lens=_varlen_lens(world))
+    exchange = sp.RingExchange(ring_group)
+    received = exchange.start(x)
+    exchange.wait()
+    return dict(
+        x=x, heads=heads, back=sp.all_to_all_4d(heads, 1, 2, group), x_varlen=x_varlen, heads_varlen=heads_varlen,
+        back_varlen=sp.all_to_all_4d(heads_varlen, 1, 2, group, seq_lens=_varlen_lens(world)),
+        gathered=sp.all_gather(x, dim=1, group=group), received=received,
+    )
+
+
+def run_rank(api_name: str, case_ids: list[str], world: int) -> dict:
+    """Body of every rank: the collectives, the cases named ``case_ids`` and all error cases."""
     import importlib
 
     api = importlib.import_module(f"{api_name}.sequence_parallel")
@@ -330,11 +354,12 @@ def run_rank(api_name: str, case_ids: list[str], world: int, with_errors: bool =
         groups_for(u, r)
     by_id = {case.id: case for case in CASES[world]}
     torch.manual_seed(0)
-    report: dict = {"cases": {}, "errors": {}}
+    report: dict = {"collectives": run_collectives(groups_for(world, 1), groups_for(1, world).ring_group),
+                    "cases": {}, "errors": {}}
     for case_id in case_ids:
         case = by_id[case_id]
         report["cases"][case_id] = run_case(api, case, groups_for(case.ulysses_degree, case.ring_degree))
-    for error in error_cases(world) if with_errors else []:
+    for error in error_cases(world):
         try:
             error.call(api, groups_for)
             report["errors"][error.name] = None
@@ -371,6 +396,20 @@ def check_error(reports: list[dict], error: ErrorCase) -> None:
         assert re.search(error.pattern, message), f"rank {rank}: {message!r}"
 
 
+def check_collectives(reports: list[dict]) -> None:
+    """Layouts of every collective, from all ranks' inputs; all-to-all round trips are bit-exact."""
+    world = len(reports)
+    views = [r["collectives"] for r in reports]
+    for rank, view in enumerate(views):
+        hp = view["x"].shape[2] // world
+        mine = slice(rank * hp, (rank + 1) * hp)  # the heads all-to-all gives this rank
+        assert torch.equal(view["heads"], torch.cat([v["x"][:, :, mine] for v in views], 1))
+        assert torch.equal(view["heads_varlen"], torch.cat([v["x_varlen"][:, :, mine] for v in views], 1))
+        assert torch.equal(view["back"], view["x"]) and torch.equal(view["back_varlen"], view["x_varlen"])
+        assert torch.equal(view["gathered"], torch.cat([v["x"] for v in views], 1))
+        assert torch.equal(view["received"], views[(rank - 1) % world]["x"])
+
+
 def _spawn(world: int) -> list[dict]:
     return sp.launch(run_rank, world, ("attn_ref", [c.id for c in CASES[world]], world), timeout_s=SPAWN_TIMEOUT_S)
 
@@ -383,6 +422,16 @@ def two_ranks():
 @pytest.fixture(scope="module")
 def four_ranks():
     return _spawn(4)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+def test_two_ranks_collectives(two_ranks):
+    check_collectives(two_ranks)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+def test_four_ranks_collectives(four_ranks):
+    check_collectives(four_ranks)
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)

@@ -28,7 +28,9 @@ from .paged import token_offsets
 from .rotary import load_rotated
 
 
-@triton.jit
+# No integer specialisation for the new tokens' strides and the small tables (see kernels.attention).
+@triton.jit(do_not_specialize=["stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
+                               "stride_table", "page_size", "stride_rotary"])
 def _append_kv_kernel(
     k_ptr,  # (b, s_new, h_k, d) or (total_new, h_k, d): new keys
     v_ptr,  # (b, s_new, h_k, dv) or (total_new, h_k, dv): new values
@@ -47,10 +49,11 @@ def _append_kv_kernel(
     stride_kc_major, stride_kc_minor, stride_kc_h,  # k_cache strides 0, 1, 2
     stride_vc_major, stride_vc_minor, stride_vc_h,
     stride_table,  # page_table.stride(0)
+    page_size,  # P (PAGED only)
     stride_rotary,  # cos.stride(0)
     D: tl.constexpr, DV: tl.constexpr,  # head dims
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    PAGED: tl.constexpr,
     ROTARY_DIM: tl.constexpr,  # 0: no rotary
     INTERLEAVED: tl.constexpr,
     ROUND_TO: tl.constexpr,  # interpreter + bf16/fp8 cache: round rotated keys explicitly
@@ -64,9 +67,9 @@ def _append_kv_kernel(
         cache_row = tl.load(cache_rows_ptr + batch)
         positions = tl.load(cache_seqlens_ptr + batch) + offs_t  # (BLOCK_T,) C_i + t
         slots = token_offsets(positions, token_ok, cache_row, page_table_ptr, stride_table,
-                              stride_kc_major, stride_kc_minor, PAGE_SIZE, PAGED)  # (BLOCK_T,) int64
+                              stride_kc_major, stride_kc_minor, page_size, PAGED)  # (BLOCK_T,) int64
         v_slots = token_offsets(positions, token_ok, cache_row, page_table_ptr, stride_table,
-                                stride_vc_major, stride_vc_minor, PAGE_SIZE, PAGED)  # (BLOCK_T,) int64
+                                stride_vc_major, stride_vc_minor, page_size, PAGED)  # (BLOCK_T,) int64
         batch64, head64 = batch.to(tl.int64), head.to(tl.int64)
 
         # ---- keys: rotate (fp32, rounded once) or copy --------------------------------------
@@ -112,14 +115,15 @@ def plan_append(call: KVCacheCall, meta: dict) -> Launch | None:
         stride_vb=v_strides[0], stride_vt=v_strides[1], stride_vh=v_strides[2],
         stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
         stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
-        stride_table=call.page_table.stride(0) if call.paged else 0,
+        stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
         stride_rotary=call.rotary_cos.stride(0) if rotary else 0,
     )
     constexprs = dict(
         D=call.head_dim, DV=call.head_dim_v, BLOCK_T=block_t,
         BLOCK_D=next_power_of_2(call.head_dim), BLOCK_DV=next_power_of_2(call.head_dim_v),
-        PAGE_SIZE=max(call.page_size, 1), PAGED=call.paged, ROTARY_DIM=call.rotary_dim,
-        INTERLEAVED=call.rotary_interleaved, ROUND_TO=explicit_rounding(kc.dtype),
+        PAGED=call.paged, ROTARY_DIM=call.rotary_dim,
+        INTERLEAVED=rotary and call.rotary_interleaved,
+        ROUND_TO=explicit_rounding(kc.dtype) if rotary else "none",
     )
     grid = (triton.cdiv(max(call.new_lens), block_t), call.batch_size, call.num_heads_k)
     return Launch(_append_kv_kernel, grid, args, constexprs, num_warps=4, num_stages=1,

@@ -31,6 +31,9 @@ the reference's split ``s``. With ``n = 1`` it writes the final ``out`` (in the 
 ``lse``; with ``n > 1`` it writes fp32 partials that :mod:`kernels.merge` combines. The launcher
 decides which by the pointers and strides it passes; the kernel does not know.
 
+**Masks** (bottom-right causal = window ``(left, 0)``, sliding window, chunk) are runtime values, so
+one compiled variant serves every mask; Triton's integer specialisation is switched off for them.
+
 **Block skipping.** Of the key range ``[k0, k1)`` only ``[lo, hi)``, the keys some row of the tile can
 see, is visited. Inside it, ``[full_lo, full_hi)`` holds the keys every row sees: those blocks run
 without any mask (``MASKED=False``); the blocks before and after run masked. So a causal prefill
@@ -68,17 +71,16 @@ def _attend_key_blocks(
     start, end,  # key range [start, end) to visit, in BLOCK_N steps
     diag,  # (BLOCK_M,) int32: i + Sk - Sq, the bottom-right diagonal of each row
     k1,  # int32: end of this split's keys
-    window_left, window_right, chunk,  # mask parameters (used when the matching flag is on)
+    window_left, window_right, chunk,  # masks: window sides (-1 = unbounded), chunk size (0 = off)
     logit_scale,  # fp32: scale · log2(e), or scale / softcap with SOFTCAP
     softcap_log2,  # fp32: softcap · log2(e) (SOFTCAP only)
     k_cache_ptr, v_cache_ptr,  # caches at this KV head (+ h·stride_h already added)
     page_table_ptr, cache_row, leftpad,
-    stride_table, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
+    stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
     offs_d, offs_dv,  # (BLOCK_D,), (BLOCK_DV,)
     D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    PAGED: tl.constexpr,
     HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
-    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_CHUNK: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr,
     MASKED: tl.constexpr,  # False only for blocks every row of the tile fully sees
 ):
@@ -90,9 +92,9 @@ def _attend_key_blocks(
             key_ok = offs_n >= 0  # all true: the block lies inside [k0, k1)
         positions = leftpad + offs_n  # (BLOCK_N,) cache positions L_b + j
         k_slots = token_offsets(positions, key_ok, cache_row, page_table_ptr, stride_table,
-                                stride_kc_major, stride_kc_minor, PAGE_SIZE, PAGED)  # (BLOCK_N,) int64
+                                stride_kc_major, stride_kc_minor, page_size, PAGED)  # (BLOCK_N,) int64
         v_slots = token_offsets(positions, key_ok, cache_row, page_table_ptr, stride_table,
-                                stride_vc_major, stride_vc_minor, PAGE_SIZE, PAGED)  # (BLOCK_N,) int64
+                                stride_vc_major, stride_vc_minor, page_size, PAGED)  # (BLOCK_N,) int64
         v = tl.load(v_cache_ptr + v_slots[:, None] + offs_dv[None, :],
                     mask=key_ok[:, None] & (offs_dv[None, :] < DV), other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_DV)
 
@@ -116,15 +118,14 @@ def _attend_key_blocks(
         else:
             t = s * logit_scale
         if MASKED:
-            visible = key_ok[None, :]  # (1, BLOCK_N), broadcast to (BLOCK_M, BLOCK_N) by the row terms
-            if MASK_LEFT:
-                visible &= offs_n[None, :] >= diag[:, None] - window_left
-            if MASK_RIGHT:
-                visible &= offs_n[None, :] <= diag[:, None] + window_right
-            if HAS_CHUNK:
-                chunk_lo = _chunk_start(diag, chunk)  # (BLOCK_M,)
-                visible &= (offs_n[None, :] >= chunk_lo[:, None]) & (offs_n[None, :] < chunk_lo[:, None] + chunk)
-            t = tl.where(visible, t, float("-inf"))
+            # Masks are runtime values (one compiled variant for all of them); a switched-off
+            # condition is or-ed with True. Only the few masked blocks pay for it.
+            keys = offs_n[None, :]  # (1, BLOCK_N)
+            left_ok = (keys >= diag[:, None] - window_left) | (window_left < 0)  # (BLOCK_M, BLOCK_N)
+            right_ok = (keys <= diag[:, None] + window_right) | (window_right < 0)
+            chunk_lo = _chunk_start(diag, tl.maximum(chunk, 1))[:, None]  # (BLOCK_M, 1)
+            chunk_ok = ((keys >= chunk_lo) & (keys < chunk_lo + chunk)) | (chunk <= 0)
+            t = tl.where(key_ok[None, :] & left_ok & right_ok & chunk_ok, t, float("-inf"))
 
         # ---- online softmax update -------------------------------------------------------------
         m_new = tl.maximum(m_i, tl.max(t, 1))  # (BLOCK_M,)
@@ -137,7 +138,14 @@ def _attend_key_blocks(
     return acc, m_i, l_i
 
 
-@triton.jit
+# Triton specialises int arguments on divisibility by 16 (for vectorised loads) and on == 1; that
+# matters for the cache strides (the K/V stream) but not for per-call scalars or the q / out / lse
+# strides (read or written once per program), which would only multiply the compiled variants.
+@triton.jit(do_not_specialize=[
+    "window_left", "window_right", "chunk", "has_sinks", "num_splits", "stride_table", "page_size", "stride_rotary",
+    "stride_descale", "stride_qb", "stride_qt", "stride_qh", "stride_qvb", "stride_qvt", "stride_qvh",
+    "stride_os", "stride_ob", "stride_oh", "stride_ot", "stride_ls", "stride_lb", "stride_lh", "stride_lt",
+])
 def _attention_kernel(
     q_ptr,  # (b, sq, h, d) or (total_q, h, d)
     qv_ptr,  # (b, sq, h, dv) or (total_q, h, dv) (HAS_QV or ONLY_QV only)
@@ -145,7 +153,7 @@ def _attention_kernel(
     v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
     page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
     cos_ptr, sin_ptr,  # (seqlen_rotary, ROTARY_DIM / 2) (ROTARY_DIM > 0 only)
-    sinks_ptr,  # (h,) sink logits (HAS_SINKS only)
+    sinks_ptr,  # (h,) sink logits (has_sinks only)
     q_descale_ptr, k_descale_ptr, v_descale_ptr,  # (b, h_k) fp32 (HAS_DESCALE only)
     seqlens_q_ptr, q_starts_ptr, cache_rows_ptr, leftpads_ptr, seqlens_k_ptr, rotary_starts_ptr,  # (b,) int32
     out_ptr,  # final out (b, sq, h, dv) / (total_q, h, dv), or fp32 partials (n, b, h, sq, dv) / (n, h, total_q, dv)
@@ -155,20 +163,23 @@ def _attention_kernel(
     stride_kc_major, stride_kc_minor, stride_kc_h,  # k_cache strides 0, 1, 2
     stride_vc_major, stride_vc_minor, stride_vc_h,
     stride_table,  # page_table.stride(0)
+    page_size,  # P (PAGED only)
     stride_rotary,  # cos.stride(0)
     stride_descale,  # descale.stride(0)
     stride_os, stride_ob, stride_oh, stride_ot,  # out: split, batch, head, row (unused axes: 0)
     stride_ls, stride_lb, stride_lh, stride_lt,  # lse: split, batch, head, row
-    softmax_scale, softcap, window_left, window_right, chunk,
+    softmax_scale, softcap,
+    window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
+    chunk,  # attention_chunk, 0 = off
+    has_sinks,  # 1: add the sink logit of each head (in split 0)
     num_splits,  # n: split s covers keys [s·ceil(Sk/n), (s+1)·ceil(Sk/n)) ∩ [0, Sk)
     H_K: tl.constexpr, G: tl.constexpr,  # KV heads, query heads per KV head
     D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    PAGED: tl.constexpr,
     HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
-    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_CHUNK: tl.constexpr,
     ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_FIXED: tl.constexpr,
-    HAS_SINKS: tl.constexpr, HAS_DESCALE: tl.constexpr,
+    HAS_DESCALE: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_TO: tl.constexpr,
     Q_PARTS: tl.constexpr,  # 16-bit parts of the rotated q (1 without rotary or for fp32 tiles)
 ):
@@ -239,13 +250,13 @@ def _attention_kernel(
         diag_hi = last_row + seqlen_k - seqlen_q
         lo, hi = k0, k1
         full_lo, full_hi = k0, k1
-        if MASK_LEFT:
+        if window_left >= 0:
             lo = tl.maximum(lo, diag_lo - window_left)
             full_lo = tl.maximum(full_lo, diag_hi - window_left)
-        if MASK_RIGHT:
+        if window_right >= 0:
             hi = tl.minimum(hi, diag_hi + window_right + 1)
             full_hi = tl.minimum(full_hi, diag_lo + window_right + 1)
-        if HAS_CHUNK:
+        if chunk > 0:
             lo = tl.maximum(lo, _chunk_start(diag_lo, chunk))
             hi = tl.minimum(hi, _chunk_start(diag_hi, chunk) + chunk)
             full_lo = tl.maximum(full_lo, _chunk_start(diag_hi, chunk))
@@ -271,16 +282,15 @@ def _attention_kernel(
             acc, m_i, l_i = _attend_key_blocks(
                 acc, m_i, l_i, q, q_mid, q_lo, qv, start, end, diag, k1, window_left, window_right, chunk,
                 logit_scale, softcap_log2, k_head, v_head, page_table_ptr, cache_row, leftpad,
-                stride_table, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
-                offs_d, offs_dv, D, DV, BLOCK_N, PAGE_SIZE, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
-                MASK_LEFT, MASK_RIGHT, HAS_CHUNK, COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS,
+                stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
+                offs_d, offs_dv, D, DV, BLOCK_N, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
+                COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS,
                 MASKED=phase != 1,
             )
 
         # ---- finalize: sink (split 0), normalise, natural-log LSE --------------------------------
-        if HAS_SINKS:
+        if (has_sinks != 0) & (split == 0):
             sink = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0).to(tl.float32) * LOG2E  # (BLOCK_M,)
-            sink = tl.where(split == 0, sink, float("-inf"))
             m_fin = tl.maximum(m_i, sink)
             shift = tl.where(m_fin == float("-inf"), 0.0, m_fin)
             alpha = tl.exp2(m_i - shift)
@@ -333,26 +343,24 @@ def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_s
         **_row_strides("stride_q", q, packed), **_row_strides("stride_qv", qv, packed),
         stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
         stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
-        stride_table=call.page_table.stride(0) if call.paged else 0,
+        stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
         stride_rotary=call.rotary_cos.stride(0) if rotary else 0,
         stride_descale=descales[0].stride(0) if fp8_descale else 0,
         stride_os=out_strides[0], stride_ob=out_strides[1], stride_oh=out_strides[2], stride_ot=out_strides[3],
         stride_ls=lse_strides[0], stride_lb=lse_strides[1], stride_lh=lse_strides[2], stride_lt=lse_strides[3],
         softmax_scale=call.softmax_scale, softcap=call.softcap if call.softcap > 0 else 1.0,
         window_left=call.window_size[0], window_right=call.window_size[1], chunk=call.attention_chunk,
-        num_splits=num_splits,
+        has_sinks=int(call.sinks is not None), num_splits=num_splits,
     )
     constexprs = dict(
         H_K=call.num_heads_k, G=g, D=call.head_dim, DV=call.head_dim_v,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_D=max(16, next_power_of_2(call.head_dim)), BLOCK_DV=max(16, next_power_of_2(call.head_dim_v)),
-        PAGE_SIZE=max(call.page_size, 1), PAGED=call.paged,
+        PAGED=call.paged,
         HAS_QV=call.qv is not None and not call.only_qv, ONLY_QV=call.only_qv, SOFTCAP=call.softcap > 0,
-        MASK_LEFT=call.window_size[0] >= 0, MASK_RIGHT=call.window_size[1] >= 0,
-        HAS_CHUNK=call.attention_chunk > 0,
-        ROTARY_DIM=call.rotary_dim if rotary else 0, INTERLEAVED=call.rotary_interleaved,
-        ROTARY_FIXED=call.rotary_q_fixed_position,
-        HAS_SINKS=call.sinks is not None, HAS_DESCALE=fp8_descale,
+        # rotary switches only where they matter, so calls without rotary share one variant
+        ROTARY_DIM=call.rotary_dim if rotary else 0, INTERLEAVED=rotary and call.rotary_interleaved,
+        ROTARY_FIXED=rotary and call.rotary_q_fixed_position, HAS_DESCALE=fp8_descale,
         COMPUTE_DTYPE=compute_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         ROUND_TO=explicit_rounding(out.dtype), Q_PARTS=rotated_q_parts(q.dtype) if rotary else 1,
     )

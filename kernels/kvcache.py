@@ -121,6 +121,16 @@ def plan_kvcache(call: KVCacheCall):
     return ([append] if append is not None else []) + launches, results
 
 
+def attend(call: KVCacheCall, meta: dict):
+    """Run the attention (and split combine) of a validated call whose new tokens are already in the
+    cache: the device work after the append, e.g. for a CUDA graph. Returns
+    ``(out, lse, out_accum, lse_accum)`` as :func:`flash_attn_with_kvcache` does."""
+    launches, results = plan_attend(_kernel_ready(call), meta)
+    for launch in launches:
+        launch.run()
+    return results
+
+
 def plan_attend(call: KVCacheCall, meta: dict):
     """Attention launches and their result tensors ``(out, lse, out_accum, lse_accum)`` (module docstring)."""
     h, dv, device, total_q = call.num_heads, call.head_dim_v, call.v_cache.device, call.total_q

@@ -23,15 +23,15 @@ def token_offsets(
     stride_table,  # page_table.stride(0)
     stride_major,  # cache.stride(0): per cache row / per page
     stride_minor,  # cache.stride(1): per position / per slot in a page
-    PAGE_SIZE: tl.constexpr,  # P
+    page_size,  # P (runtime: any page size, one compiled variant)
     PAGED: tl.constexpr,
 ):
     """(N,) int64 offsets of the addressed tokens in the cache (element units)."""
     if PAGED:
-        page_index = tl.where(mask, positions // PAGE_SIZE, 0)
+        page_index = tl.where(mask, positions // page_size, 0)
         pages = tl.load(page_table_ptr + row.to(tl.int64) * stride_table + page_index, mask=mask, other=0)
         major = pages.to(tl.int64)  # (N,) page ids
-        minor = (positions % PAGE_SIZE).to(tl.int64)  # (N,) slots within the page
+        minor = (positions % page_size).to(tl.int64)  # (N,) slots within the page
     else:
         major = row.to(tl.int64)
         minor = positions.to(tl.int64)

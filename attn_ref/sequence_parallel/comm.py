@@ -21,6 +21,8 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from errors.notes import catalogued
+
 from .checks import check_all_to_all_4d, check_gather_dim
 
 
@@ -43,6 +45,7 @@ def heads_of_rank(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return x[:, :, rank * per_rank:(rank + 1) * per_rank]
 
 
+@catalogued
 def all_to_all_4d(
     x: torch.Tensor,
     scatter_dim: int = 2,
@@ -116,6 +119,7 @@ def all_to_all_4d_packed(
     return results
 
 
+@catalogued
 def all_gather(x: torch.Tensor, dim: int = -1, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """Concatenate ``x`` of every rank of ``group`` along ``dim``, in rank order.
 

@@ -23,6 +23,8 @@ from typing import Optional
 
 import torch.distributed as dist
 
+from errors.notes import catalogued
+
 from .checks import check_positive_int, check_sp_degrees
 
 
@@ -74,6 +76,7 @@ class SequenceParallelGroups:
         return cls(world, world, None, dist.get_world_size(), 1, dist.get_rank())
 
 
+@catalogued
 def init_sequence_parallel_groups(ulysses_degree: Optional[int] = None, ring_degree: int = 1) -> SequenceParallelGroups:
     """Create the SP, Ulysses and ring groups of the whole world; returns this rank's.
 

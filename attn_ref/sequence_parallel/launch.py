@@ -41,6 +41,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from errors.notes import catalogued
+
 from .checks import check_launch_args
 
 #: After the first rank fails, how long to wait for the other ranks' reports before killing them.
@@ -54,6 +56,7 @@ def default_backend(world_size: int) -> str:
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
 
 
+@catalogued
 def launch(
     fn: Callable[..., Any],
     world_size: int,

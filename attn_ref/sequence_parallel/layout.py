@@ -19,9 +19,12 @@ from typing import Sequence
 
 import torch
 
+from errors.notes import catalogued
+
 from .checks import check_shard_args
 
 
+@catalogued
 def shard_positions(
     seq_len: int, sp_rank: int, ulysses_degree: int = 1, ring_degree: int = 1, zigzag: bool = False
 ) -> torch.Tensor:

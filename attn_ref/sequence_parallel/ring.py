@@ -31,6 +31,8 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from errors.notes import catalogued
+
 from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import check_4d, check_attention_inputs, check_tensors, check_zigzag_rows
 from .comm import RingExchange, group_rank, group_size
@@ -72,6 +74,7 @@ def block_chunks(ring_rank: int, ring_size: int, rows: int, zigzag: bool, offset
     )
 
 
+@catalogued
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,

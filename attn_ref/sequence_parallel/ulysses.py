@@ -29,6 +29,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from errors.notes import catalogued
+
 from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import (
     check_4d,
@@ -65,6 +67,7 @@ class UlyssesAttention(torch.nn.Module):
     #: Local attention + merge; :mod:`kernels.sequence_parallel` rebinds it to the Triton kernels.
     backend: AttentionBackend = REFERENCE_BACKEND
 
+    @catalogued
     def __init__(
         self,
         num_heads: int,
@@ -90,6 +93,7 @@ class UlyssesAttention(torch.nn.Module):
         self.sp_attention_mode = "ulysses" if sp_attention_mode == "auto" and causal else sp_attention_mode
         self.sp_attention_mode_is_auto = sp_attention_mode == "auto"
 
+    @catalogued
     def forward(
         self,
         q: torch.Tensor,

@@ -33,6 +33,8 @@ from typing import Optional
 
 import torch
 
+from errors.notes import catalogued
+
 from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import (
     check_4d,
@@ -67,6 +69,7 @@ class USPAttention(torch.nn.Module):
     #: Local attention + merge; :mod:`kernels.sequence_parallel` rebinds it to the Triton kernels.
     backend: AttentionBackend = REFERENCE_BACKEND
 
+    @catalogued
     def __init__(
         self,
         num_heads: int,
@@ -87,6 +90,7 @@ class USPAttention(torch.nn.Module):
         self.groups = SequenceParallelGroups.from_world() if groups is None else groups
         self.zigzag = zigzag
 
+    @catalogued
     def forward(
         self,
         q: torch.Tensor,

@@ -178,8 +178,8 @@ print(f"  {example['message']['template']!r}: {example['upstream']['repository']
 # %% [markdown]
 # ## Apply the fix
 #
-# Solution 2 of the entry: *for paged caches, add pages*. Before a sequence crosses the end of its
-# page-table row, give it another page. We extend the row with free pages and decode all 12 steps.
+# The entry's solution for paged caches: *add pages*. Before a sequence crosses the end of its
+# page-table row, give it another page. We append one free page to the row and decode all 12 steps.
 
 # %%
 free_pages = [p for p in range(k_pages.shape[0]) if p not in page_table[0].tolist()]

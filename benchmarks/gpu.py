@@ -97,7 +97,7 @@ def _capture(fn: Callable[[], object]) -> Optional[torch.cuda.CUDAGraph]:
         with torch.cuda.graph(graph):
             fn()
     except RuntimeError:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()  # a refused capture is not a sticky CUDA error
         return None
     graph.replay()
     torch.cuda.synchronize()
@@ -145,7 +145,7 @@ def attention_builders(problem: Problem, inputs) -> dict[str, Builder]:
 def _installed(module: str) -> bool:
     try:
         __import__(module)
-    except ImportError:
+    except Exception:  # noqa: BLE001  (missing, or installed but broken: not a provider either way)
         return False
     return True
 

@@ -124,17 +124,14 @@ class UlyssesAttention(torch.nn.Module):
         if self.sp_attention_mode == "kv_gather" and not (self.sp_attention_mode_is_auto and seq_lens is not None):
             replicated = check_kv_gather_call(seq_lens, replicated_q, replicated_k, replicated_v)
             self._check_shapes(q, k, v, replicated_q, replicated_k, replicated_v, replicated)
-            results = self._forward_with_kv_gather(q, k, v, replicated_q, replicated_k, replicated_v)
-        else:
-            replicated = check_ulysses_call(seq_lens, replicated_q, replicated_k, replicated_v)
-            self._check_shapes(q, k, v, replicated_q, replicated_k, replicated_v, replicated)
-            world = self.groups.sp_size
-            check_heads_divisible(self.num_heads, self.num_kv_heads, world, "sequence parallel world size")
-            if seq_lens is not None:
-                seq_lens = check_seq_lens(seq_lens, self.groups.sp_size)
-                check_local_seq_len(q, seq_lens, self.groups.sp_rank)
-            results = self._forward_ulysses(q, k, v, replicated_q, replicated_k, replicated_v, seq_lens)
-        return results if return_softmax_lse else results[:2]
+            return self._forward_with_kv_gather(q, k, v, replicated_q, replicated_k, replicated_v, return_softmax_lse)
+        replicated = check_ulysses_call(seq_lens, replicated_q, replicated_k, replicated_v)
+        self._check_shapes(q, k, v, replicated_q, replicated_k, replicated_v, replicated)
+        check_heads_divisible(self.num_heads, self.num_kv_heads, self.groups.sp_size, "sequence parallel world size")
+        if seq_lens is not None:
+            seq_lens = check_seq_lens(seq_lens, self.groups.sp_size)
+            check_local_seq_len(q, seq_lens, self.groups.sp_rank)
+        return self._forward_ulysses(q, k, v, replicated_q, replicated_k, replicated_v, seq_lens, return_softmax_lse)
 
     def _check_shapes(self, q, k, v, replicated_q, replicated_k, replicated_v, replicated: bool) -> None:
         check_attention_inputs(q, k, v)
@@ -142,7 +139,7 @@ class UlyssesAttention(torch.nn.Module):
         if replicated:
             check_replicated_shapes(replicated_q, replicated_k, replicated_v, q, k, v)
 
-    def _forward_ulysses(self, q, k, v, replicated_q, replicated_k, replicated_v, seq_lens):
+    def _forward_ulysses(self, q, k, v, replicated_q, replicated_k, replicated_v, seq_lens, with_lse):
         group, world, rank = self.groups.sp_group, self.groups.sp_size, self.groups.sp_rank
         # [B, S_l, H, D] -> [B, S, H/P, D]: all tokens, this rank's heads.
         q, k, v = all_to_all_4d_packed([q, k, v], 2, 1, group, seq_lens)
@@ -153,17 +150,18 @@ class UlyssesAttention(torch.nn.Module):
             k = torch.cat([k, heads_of_rank(replicated_k, rank, world)], dim=1)
             v = torch.cat([v, heads_of_rank(replicated_v, rank, world)], dim=1)
         out, lse = self.backend.attend(q, k, v, self.softmax_scale, self.causal)
-        replicated_out = replicated_lse = None
-        if replicated_q is not None:
-            # [B, S_r, H/P, D] -> [B, S_r, H, D] on every rank: an all-gather over heads.
-            replicated_out = all_gather(out[:, seq:].contiguous(), dim=2, group=group)
-            replicated_lse = all_gather(lse[:, seq:].contiguous(), dim=2, group=group)
-        # [B, S, H/P, D] -> [B, S_l, H, D]: back to this rank's tokens, all heads.
-        out = all_to_all_4d(out[:, :seq].contiguous(), 1, 2, group, seq_lens)
-        lse = all_to_all_4d(lse[:, :seq, :, None].contiguous(), 1, 2, group, seq_lens)[..., 0]
-        return out, replicated_out, lse, replicated_lse
+        results = []
+        for x in (out, lse[..., None]) if with_lse else (out,):  # [B, S + S_r, H/P, Dv | 1]
+            # [B, S, H/P, .] -> [B, S_l, H, .]: back to this rank's tokens, all heads.
+            tokens = all_to_all_4d(x[:, :seq].contiguous(), 1, 2, group, seq_lens)
+            # [B, S_r, H/P, .] -> [B, S_r, H, .] on every rank: an all-gather over heads.
+            replicated = None if replicated_q is None else all_gather(x[:, seq:].contiguous(), dim=2, group=group)
+            results += [tokens, replicated]
+        if with_lse:
+            results[2:] = [None if x is None else x[..., 0] for x in results[2:]]
+        return tuple(results)
 
-    def _forward_with_kv_gather(self, q, k, v, replicated_q, replicated_k, replicated_v):
+    def _forward_with_kv_gather(self, q, k, v, replicated_q, replicated_k, replicated_v, with_lse):
         group = self.groups.sp_group
         # [B, S_l, Hkv, D] -> [B, P·S_l, Hkv, D]: every rank's keys and values, in rank order.
         if k.shape == v.shape:
@@ -176,6 +174,7 @@ class UlyssesAttention(torch.nn.Module):
             k = torch.cat([k, replicated_k], dim=1)
             v = torch.cat([v, replicated_v], dim=1)
         out, lse = self.backend.attend(q, k, v, self.softmax_scale, False)
-        if replicated_q is None:
-            return out, None, lse, None
-        return out[:, :local_len], out[:, local_len:], lse[:, :local_len], lse[:, local_len:]
+        results = []
+        for x in (out, lse) if with_lse else (out,):
+            results += [x, None] if replicated_q is None else [x[:, :local_len], x[:, local_len:]]
+        return tuple(results)

@@ -229,6 +229,8 @@ def _usp_call(counts, q_rows=8, kv_rows=8):
 
 
 @pytest.mark.parametrize("call, exc, message", [
+    (_usp_call(dict(attn_mask=torch.ones(2, 8, dtype=torch.bool))), NotImplementedError,
+     "attn_mask is not supported by this USPAttention"),
     (_usp_call(dict(num_replicated_prefix=True)), TypeError, "num_replicated_prefix must be an int, got bool"),
     (_usp_call(dict(num_replicated_suffix=-2)), ValueError, "num_replicated_suffix must be >= 0, got -2"),
     (_usp_call(dict(num_replicated_prefix=2, num_replicated_kv_prefix=2)), ValueError,

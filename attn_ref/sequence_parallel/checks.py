@@ -293,6 +293,15 @@ def check_heads_divisible(num_heads: int, num_kv_heads: int, degree: int, degree
         )
 
 
+def check_no_attn_mask(attn_mask: object) -> None:
+    """Padding masks (sglang's masked USP path) are not implemented."""
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "attn_mask is not supported by this USPAttention (no padding-mask path); pass attn_mask=None "
+            "and shard sequences of equal length"
+        )
+
+
 def check_replicated_modes(
     num_replicated_prefix: int, num_replicated_suffix: int, num_replicated_kv_prefix: int
 ) -> int:

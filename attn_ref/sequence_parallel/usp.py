@@ -42,6 +42,7 @@ from .checks import (
     check_declared_heads,
     check_head_config,
     check_heads_divisible,
+    check_no_attn_mask,
     check_replicated_fits,
     check_replicated_modes,
     check_tensors,
@@ -96,6 +97,7 @@ class USPAttention(torch.nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
         num_replicated_prefix: int = 0,
         num_replicated_suffix: int = 0,
         num_replicated_kv_prefix: int = 0,
@@ -107,6 +109,8 @@ class USPAttention(torch.nn.Module):
         Args:
             q: ``[B, S, H, D]``; k, v: ``[B, S + num_replicated_kv_prefix, Hkv, D]``: this rank's
                 shard, with the replicated rows (if any) at the start or the end.
+            attn_mask: sglang's padding mask; not supported here (must be None), kept in the
+                signature so that positional calls line up with sglang's.
             num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix: see the module
                 docstring; at most one is non-zero.
             return_softmax_lse: also return the LSE ``[B, S, H]`` (fp32).
@@ -116,6 +120,7 @@ class USPAttention(torch.nn.Module):
         """
         check_tensors(q=q, k=k, v=v)
         check_4d(q=q, k=k, v=v)
+        check_no_attn_mask(attn_mask)
         check_replicated_modes(num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
         check_attention_inputs(q, k, v, kv_extra_rows=num_replicated_kv_prefix)
         check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)

@@ -64,6 +64,16 @@ def _chunk_start(x, CHUNK):
 
 
 @triton.jit
+def _lanes_below(offs, N: tl.constexpr, BLOCK: tl.constexpr):
+    """(BLOCK,) bool ``offs < N``; a constant all-true mask when ``N == BLOCK``, which the compiler
+    folds away (unmasked, vectorised loads)."""
+    if N == BLOCK:
+        return tl.full((BLOCK,), 1, tl.int1)
+    else:
+        return offs < N
+
+
+@triton.jit
 def _attend_key_blocks(
     acc, m_i, l_i,  # (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32: running state
     q, q_mid, q_lo,  # (BLOCK_M, BLOCK_D) in COMPUTE_DTYPE: q = q + q_mid + q_lo (Q_PARTS > 1: rotated q)
@@ -77,8 +87,9 @@ def _attend_key_blocks(
     k_cache_ptr, v_cache_ptr,  # caches at this KV head (+ h·stride_h already added)
     page_table_ptr, cache_row, leftpad,
     stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
-    offs_d, offs_dv,  # (BLOCK_D,), (BLOCK_DV,)
-    D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    offs_d, offs_dv,  # (BLOCK_D,), (BLOCK_DV,) channel indices
+    d_ok, dv_ok,  # (BLOCK_D,), (BLOCK_DV,) bool: channels below D / DV
+    BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
     HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr,
@@ -87,23 +98,24 @@ def _attend_key_blocks(
     """Online softmax over the key blocks of ``[start, end)``; returns the updated ``(acc, m_i, l_i)``."""
     for block_start in range(start, end, BLOCK_N):
         offs_n = block_start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices j
-        key_ok = offs_n < k1  # (BLOCK_N,)
-        if not MASKED:
-            key_ok = offs_n >= 0  # all true: the block lies inside [k0, k1)
+        if MASKED:
+            key_ok = offs_n < k1  # (BLOCK_N,)
+        else:
+            key_ok = tl.full((BLOCK_N,), 1, tl.int1)  # the block lies inside [k0, k1): no mask
         positions = leftpad + offs_n  # (BLOCK_N,) cache positions L_b + j
         k_slots = token_offsets(positions, key_ok, cache_row, page_table_ptr, stride_table,
                                 stride_kc_major, stride_kc_minor, page_size, PAGED)  # (BLOCK_N,) int64
         v_slots = token_offsets(positions, key_ok, cache_row, page_table_ptr, stride_table,
                                 stride_vc_major, stride_vc_minor, page_size, PAGED)  # (BLOCK_N,) int64
         v = tl.load(v_cache_ptr + v_slots[:, None] + offs_dv[None, :],
-                    mask=key_ok[:, None] & (offs_dv[None, :] < DV), other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_DV)
+                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_DV)
 
         # ---- scores s = q·Kᵀ (+ qv·Vᵀ): (BLOCK_M, BLOCK_N) fp32 ---------------------------------
         if ONLY_QV:
             s = tl.dot(qv, tl.trans(v), input_precision=DOT_PRECISION)
         else:
             k = tl.load(k_cache_ptr + k_slots[:, None] + offs_d[None, :],
-                        mask=key_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_D)
+                        mask=key_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_D)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             if Q_PARTS > 1:
                 s += tl.dot(q_mid, tl.trans(k), input_precision=DOT_PRECISION)
@@ -204,6 +216,8 @@ def _attention_kernel(
         diag = rows + seqlen_k - seqlen_q  # (BLOCK_M,) i + Δ
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
+        d_ok = _lanes_below(offs_d, D, BLOCK_D)  # (BLOCK_D,)
+        dv_ok = _lanes_below(offs_dv, DV, BLOCK_DV)  # (BLOCK_DV,)
 
         # ---- load q (rotated in fp32 if needed) and qv ------------------------------------------
         q = tl.zeros((BLOCK_M, BLOCK_D), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_D)
@@ -211,7 +225,7 @@ def _attention_kernel(
         q_lo = q
         if not ONLY_QV:
             q_rows = q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads64[:, None] * stride_qh  # (BLOCK_M, 1)
-            q_mask = row_ok[:, None] & (offs_d[None, :] < D)
+            q_mask = row_ok[:, None] & d_ok[None, :]
             if ROTARY_DIM > 0:
                 ro_start = tl.load(rotary_starts_ptr + batch)
                 if ROTARY_FIXED:
@@ -227,7 +241,7 @@ def _attention_kernel(
         if HAS_QV or ONLY_QV:
             qv_ptrs = (qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt
                        + heads64[:, None] * stride_qvh + offs_dv[None, :])
-            qv = tl.load(qv_ptrs, mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0).to(COMPUTE_DTYPE)
+            qv = tl.load(qv_ptrs, mask=row_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)
 
         # ---- logit scale (fp8: times q_descale · k_descale of this batch entry and KV head) ----
         scale = softmax_scale
@@ -283,7 +297,7 @@ def _attention_kernel(
                 acc, m_i, l_i, q, q_mid, q_lo, qv, start, end, diag, k1, window_left, window_right, chunk,
                 logit_scale, softcap_log2, k_head, v_head, page_table_ptr, cache_row, leftpad,
                 stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
-                offs_d, offs_dv, D, DV, BLOCK_N, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
+                offs_d, offs_dv, d_ok, dv_ok, BLOCK_N, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
                 COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS,
                 MASKED=phase != 1,
             )
@@ -307,7 +321,7 @@ def _attention_kernel(
         split64 = split.to(tl.int64)
         out_ptrs = (out_ptr + split64 * stride_os + batch64 * stride_ob + heads64[:, None] * stride_oh
                     + token[:, None] * stride_ot + offs_dv[None, :])  # (BLOCK_M, BLOCK_DV)
-        store_as(out_ptrs, out, row_ok[:, None] & (offs_dv[None, :] < DV), ROUND_TO)
+        store_as(out_ptrs, out, row_ok[:, None] & dv_ok[None, :], ROUND_TO)
         lse_ptrs = lse_ptr + split64 * stride_ls + batch64 * stride_lb + heads64 * stride_lh + token * stride_lt
         tl.store(lse_ptrs, lse, mask=row_ok)
 

@@ -7,7 +7,10 @@ Logical position ``p`` of cache row ``r`` lives at
   loaded from the table for every position (so any page size works, pages in any order).
 
 :func:`token_offsets` returns the int64 element offset of each token's ``[..., head 0, channel 0]``;
-int64 because ``num_pages * P * h_k * dim`` overflows int32 for large caches.
+int64 because ``num_pages * P * h_k * dim`` overflows int32 for large caches. Masked-off positions
+read page 0 from the table and get an offset that must not be dereferenced (the loads are masked).
+The offsets are deliberately not zeroed with ``tl.where``: a select hides their divisibility by 16
+from the compiler, which then splits the K/V loads into 2-byte loads without ``cp.async``.
 """
 
 import triton
@@ -17,7 +20,7 @@ import triton.language as tl
 @triton.jit
 def token_offsets(
     positions,  # (N,) int32: logical positions p in cache row `row`
-    mask,  # (N,) bool: positions to address (others get offset 0 and must not be dereferenced)
+    mask,  # (N,) bool: positions to address (the offsets of the others are meaningless)
     row,  # int32 scalar: cache row r (contiguous) or page-table row (paged)
     page_table_ptr,  # (b_k, max_pages) int32, read only when PAGED
     stride_table,  # page_table.stride(0)
@@ -35,4 +38,4 @@ def token_offsets(
     else:
         major = row.to(tl.int64)
         minor = positions.to(tl.int64)
-    return tl.where(mask, major * stride_major + minor * stride_minor, 0)
+    return major * stride_major + minor * stride_minor

@@ -102,6 +102,8 @@ def _cases_four_ranks() -> list[Case]:
     cases += [Case("ring", 1, 4, True, True, zigzag) for zigzag in (False, True)]
     cases += [Case("usp", 1, 4, True, True, True, "suffix"), Case("usp", 4, 1, True, True, False, "prefix")]
     cases += [Case("usp", 2, 2, True, True, True, "prefix", dtype="float16")]
+    # two SP groups of 2 ranks ({0, 1} and {2, 3}: data-parallel replicas) in a world of 4
+    cases += [Case("ulysses", 2, 1, True, True, replicated="suffix"), Case("usp", 2, 1, True, True, replicated="prefix")]
     return cases
 
 

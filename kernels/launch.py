@@ -54,8 +54,9 @@ class Launch:
     dummy_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def runtime_args(self) -> dict[str, Any]:
-        """``args`` with every ``None`` replaced by a dummy int32 tensor (never dereferenced)."""
-        dummy = torch.zeros(1, dtype=torch.int32, device=self.dummy_device)
+        """``args`` with every ``None`` replaced by a dummy int32 tensor (never dereferenced; ``empty``
+        launches no fill kernel, so a CUDA graph of a call holds only the real launches)."""
+        dummy = torch.empty(1, dtype=torch.int32, device=self.dummy_device)
         return {k: (dummy if v is None else v) for k, v in self.args.items()}
 
     def run(self) -> None:

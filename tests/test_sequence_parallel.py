@@ -254,6 +254,7 @@ def test_groups_need_torch_distributed_for_more_than_one_rank():
 
 @pytest.mark.parametrize("args, message", [
     ((0, "gloo", 10.0), "world_size must be >= 1, got 0"),
+    ((0, None, 10.0), "world_size must be >= 1, got 0"),
     ((2, "mpi", 10.0), "backend must be 'gloo' or 'nccl', got 'mpi'"),
     ((2, "gloo", 0), "timeout_s must be a number of seconds > 0, got 0"),
 ])
@@ -261,6 +262,11 @@ def test_launch_argument_errors(args, message):
     world_size, backend, timeout_s = args
     with pytest.raises(ValueError, match=re.escape(message)):
         sp.launch(print, world_size, backend=backend, timeout_s=timeout_s)
+
+
+def test_launch_checks_world_size_before_choosing_a_backend():
+    with pytest.raises(TypeError, match=re.escape("world_size must be an int, got str")):
+        sp.launch(print, "2")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 64, reason="a machine with 64 GPUs can run this")

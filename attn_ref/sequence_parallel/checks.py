@@ -356,10 +356,10 @@ def check_shard_args(seq_len: int, sp_rank: int, ulysses_degree: int, ring_degre
 # ---------------------------------------------------------------------------------------------------
 
 
-def check_launch_args(world_size: object, backend: str, timeout_s: object) -> None:
-    """``world_size`` ranks of ``backend`` ("gloo", or "nccl" with one CUDA device per rank)."""
+def check_launch_args(world_size: object, backend: Optional[str], timeout_s: object) -> None:
+    """``world_size`` ranks of ``backend``: "gloo", "nccl" (one CUDA device per rank) or None (the default)."""
     check_positive_int("world_size", world_size)
-    if backend not in ("gloo", "nccl"):
+    if backend is not None and backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(

@@ -74,8 +74,8 @@ def launch(
         backend: "gloo" or "nccl" (default :func:`default_backend`).
         timeout_s: limit for the whole run, and the process group's collective timeout.
     """
-    backend = default_backend(world_size) if backend is None else backend
     check_launch_args(world_size, backend, timeout_s)
+    backend = default_backend(world_size) if backend is None else backend
     ctx = mp.get_context("spawn")
     reports = ctx.Queue()
     with tempfile.TemporaryDirectory() as store_dir:

@@ -1,11 +1,12 @@
 """The local launcher: a failing rank or a hang ends the run with an error instead of blocking it.
 
-Two small spawns of 2 gloo ranks. (Successful runs and their per-rank results are exercised by
+Three small spawns of 2 gloo ranks. (Successful runs and their per-rank results are exercised by
 :mod:`test_sequence_parallel_ranks`.)
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -26,6 +27,13 @@ def sleep_forever() -> None:
     time.sleep(600)
 
 
+def crash_on_rank_one() -> int:
+    """Rank 1 dies without a Python exception (as on a segfault or an OOM kill)."""
+    if dist.get_rank() == 1:
+        os._exit(3)
+    return dist.get_rank()
+
+
 @pytest.mark.timeout(120)
 def test_a_failing_rank_raises_its_error_and_stops_the_others():
     start = time.monotonic()
@@ -39,3 +47,9 @@ def test_a_failing_rank_raises_its_error_and_stops_the_others():
 def test_a_hang_raises_timeout_error():
     with pytest.raises(TimeoutError, match=r"ranks \[0, 1\] of 2 did not finish within timeout_s=4 s"):
         sp.launch(sleep_forever, 2, timeout_s=4)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_dies_silently_raises_child_process_error():
+    with pytest.raises(ChildProcessError, match=r"rank 1 exited with code 3 without reporting a result"):
+        sp.launch(crash_on_rank_one, 2, timeout_s=60)

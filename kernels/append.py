@@ -30,15 +30,15 @@ from .rotary import load_rotated
 
 # No integer specialisation for the new tokens' strides and the small tables (see kernels.attention).
 @triton.jit(do_not_specialize=["stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
-                               "stride_table", "page_size", "stride_rotary"])
+                               "stride_table", "page_size", "stride_rotary", "rotary_dim"])
 def _append_kv_kernel(
     k_ptr,  # (b, s_new, h_k, d) or (total_new, h_k, d): new keys
     v_ptr,  # (b, s_new, h_k, dv) or (total_new, h_k, dv): new values
     k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
     v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
     page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
-    cos_ptr,  # (seqlen_rotary, ROTARY_DIM / 2) (ROTARY_DIM > 0 only)
-    sin_ptr,  # (seqlen_rotary, ROTARY_DIM / 2)
+    cos_ptr,  # (seqlen_rotary, rotary_dim / 2) (ROTARY only)
+    sin_ptr,  # (seqlen_rotary, rotary_dim / 2)
     new_lens_ptr,  # (b,) int32: N_i
     new_starts_ptr,  # (b,) int32: first row of entry i in packed k/v (0 when batched)
     cache_rows_ptr,  # (b,) int32: cache row / page-table row of entry i
@@ -51,10 +51,11 @@ def _append_kv_kernel(
     stride_table,  # page_table.stride(0)
     page_size,  # P (PAGED only)
     stride_rotary,  # cos.stride(0)
+    rotary_dim,  # channels rotated (ROTARY only)
     D: tl.constexpr, DV: tl.constexpr,  # head dims
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGED: tl.constexpr,
-    ROTARY_DIM: tl.constexpr,  # 0: no rotary
+    ROTARY: tl.constexpr,  # rotate the new keys (rotary_dim channels)
     INTERLEAVED: tl.constexpr,
     ROUND_TO: tl.constexpr,  # interpreter + bf16/fp8 cache: round rotated keys explicitly
 ):
@@ -77,10 +78,10 @@ def _append_kv_kernel(
         k_mask = token_ok[:, None] & (offs_d[None, :] < D)  # (BLOCK_T, BLOCK_D)
         k_rows = k_ptr + batch64 * stride_kb + new_row[:, None] * stride_kt + head64 * stride_kh  # (BLOCK_T, 1)
         k_dst = k_cache_ptr + slots[:, None] + head64 * stride_kc_h + offs_d[None, :]  # (BLOCK_T, BLOCK_D)
-        if ROTARY_DIM > 0:
+        if ROTARY:
             ro_positions = tl.load(rotary_starts_ptr + batch) + offs_t  # (BLOCK_T,) P0_i + t
             k_new = load_rotated(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
-                                 ROTARY_DIM, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
+                                 rotary_dim, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
             store_as(k_dst, k_new, k_mask, ROUND_TO)
         else:
             tl.store(k_dst, tl.load(k_rows + offs_d[None, :], mask=k_mask), mask=k_mask)
@@ -116,12 +117,12 @@ def plan_append(call: KVCacheCall, meta: dict) -> Launch | None:
         stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
         stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
         stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
-        stride_rotary=call.rotary_cos.stride(0) if rotary else 0,
+        stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
     )
     constexprs = dict(
         D=call.head_dim, DV=call.head_dim_v, BLOCK_T=block_t,
         BLOCK_D=next_power_of_2(call.head_dim), BLOCK_DV=next_power_of_2(call.head_dim_v),
-        PAGED=call.paged, ROTARY_DIM=call.rotary_dim,
+        PAGED=call.paged, ROTARY=rotary,
         INTERLEAVED=rotary and call.rotary_interleaved,
         ROUND_TO=explicit_rounding(kc.dtype) if rotary else "none",
     )

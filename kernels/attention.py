@@ -154,7 +154,7 @@ def _attend_key_blocks(
 # matters for the cache strides (the K/V stream) but not for per-call scalars or the q / out / lse
 # strides (read or written once per program), which would only multiply the compiled variants.
 @triton.jit(do_not_specialize=[
-    "window_left", "window_right", "chunk", "has_sinks", "num_splits", "stride_table", "page_size", "stride_rotary",
+    "window_left", "window_right", "chunk", "has_sinks", "num_splits", "stride_table", "page_size", "stride_rotary", "rotary_dim",
     "stride_descale", "stride_qb", "stride_qt", "stride_qh", "stride_qvb", "stride_qvt", "stride_qvh",
     "stride_os", "stride_ob", "stride_oh", "stride_ot", "stride_ls", "stride_lb", "stride_lh", "stride_lt",
 ])
@@ -164,7 +164,7 @@ def _attention_kernel(
     k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
     v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
     page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
-    cos_ptr, sin_ptr,  # (seqlen_rotary, ROTARY_DIM / 2) (ROTARY_DIM > 0 only)
+    cos_ptr, sin_ptr,  # (seqlen_rotary, rotary_dim / 2) (ROTARY only)
     sinks_ptr,  # (h,) sink logits (has_sinks only)
     q_descale_ptr, k_descale_ptr, v_descale_ptr,  # (b, h_k) fp32 (HAS_DESCALE only)
     seqlens_q_ptr, q_starts_ptr, cache_rows_ptr, leftpads_ptr, seqlens_k_ptr, rotary_starts_ptr,  # (b,) int32
@@ -177,6 +177,7 @@ def _attention_kernel(
     stride_table,  # page_table.stride(0)
     page_size,  # P (PAGED only)
     stride_rotary,  # cos.stride(0)
+    rotary_dim,  # channels of q rotated (ROTARY only)
     stride_descale,  # descale.stride(0)
     stride_os, stride_ob, stride_oh, stride_ot,  # out: split, batch, head, row (unused axes: 0)
     stride_ls, stride_lb, stride_lh, stride_lt,  # lse: split, batch, head, row
@@ -190,7 +191,7 @@ def _attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGED: tl.constexpr,
     HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
-    ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_FIXED: tl.constexpr,
+    ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_FIXED: tl.constexpr,
     HAS_DESCALE: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_TO: tl.constexpr,
     Q_PARTS: tl.constexpr,  # 16-bit parts of the rotated q (1 without rotary or for fp32 tiles)
@@ -226,14 +227,14 @@ def _attention_kernel(
         if not ONLY_QV:
             q_rows = q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads64[:, None] * stride_qh  # (BLOCK_M, 1)
             q_mask = row_ok[:, None] & d_ok[None, :]
-            if ROTARY_DIM > 0:
+            if ROTARY:
                 ro_start = tl.load(rotary_starts_ptr + batch)
                 if ROTARY_FIXED:
                     ro_positions = ro_start + 0 * rows  # every row at P0
                 else:
                     ro_positions = ro_start + rows  # row i at P0 + i
                 q_rotated = load_rotated(q_rows, offs_d, q_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
-                                         ROTARY_DIM, INTERLEAVED)  # (BLOCK_M, BLOCK_D) fp32
+                                         rotary_dim, INTERLEAVED)  # (BLOCK_M, BLOCK_D) fp32
                 q, q_mid, q_lo = split_parts(q_rotated, COMPUTE_DTYPE, Q_PARTS)
             else:
                 q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0).to(COMPUTE_DTYPE)
@@ -358,7 +359,7 @@ def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_s
         stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
         stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
         stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
-        stride_rotary=call.rotary_cos.stride(0) if rotary else 0,
+        stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
         stride_descale=descales[0].stride(0) if fp8_descale else 0,
         stride_os=out_strides[0], stride_ob=out_strides[1], stride_oh=out_strides[2], stride_ot=out_strides[3],
         stride_ls=lse_strides[0], stride_lb=lse_strides[1], stride_lh=lse_strides[2], stride_lt=lse_strides[3],
@@ -373,7 +374,7 @@ def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_s
         PAGED=call.paged,
         HAS_QV=call.qv is not None and not call.only_qv, ONLY_QV=call.only_qv, SOFTCAP=call.softcap > 0,
         # rotary switches only where they matter, so calls without rotary share one variant
-        ROTARY_DIM=call.rotary_dim if rotary else 0, INTERLEAVED=rotary and call.rotary_interleaved,
+        ROTARY=rotary, INTERLEAVED=rotary and call.rotary_interleaved,
         ROTARY_FIXED=rotary and call.rotary_q_fixed_position, HAS_DESCALE=fp8_descale,
         COMPUTE_DTYPE=compute_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         ROUND_TO=explicit_rounding(out.dtype), Q_PARTS=rotated_q_parts(q.dtype) if rotary else 1,

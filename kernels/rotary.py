@@ -25,23 +25,23 @@ def load_rotated(
     offs_d,  # (BLOCK_D,) channel indices
     mask,  # (R, BLOCK_D) bool: elements to load
     positions,  # (R,) int32 rotary positions of the tokens
-    cos_ptr,  # (seqlen_rotary, ROTARY_DIM / 2)
-    sin_ptr,  # (seqlen_rotary, ROTARY_DIM / 2)
+    cos_ptr,  # (seqlen_rotary, rotary_dim / 2)
+    sin_ptr,  # (seqlen_rotary, rotary_dim / 2)
     stride_rotary,  # cos.stride(0) (== sin.stride(0))
-    ROTARY_DIM: tl.constexpr,
+    rotary_dim,  # channels rotated (runtime: one compiled variant for every rotary_dim)
     INTERLEAVED: tl.constexpr,
 ):
     """Load ``x`` (R, BLOCK_D) and return it rotated, in fp32."""
-    HALF: tl.constexpr = ROTARY_DIM // 2
-    rotated = offs_d < ROTARY_DIM  # (BLOCK_D,)
+    half = rotary_dim // 2
+    rotated = offs_d < rotary_dim  # (BLOCK_D,)
     if INTERLEAVED:
         partner = offs_d ^ 1
         angle = offs_d // 2
         sign = tl.where(offs_d % 2 == 0, -1.0, 1.0)
     else:
-        partner = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
-        angle = offs_d % HALF
-        sign = tl.where(offs_d < HALF, -1.0, 1.0)
+        partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
+        angle = tl.where(offs_d < half, offs_d, offs_d - half)  # c mod half, for the rotated c < 2·half
+        sign = tl.where(offs_d < half, -1.0, 1.0)
     partner = tl.where(rotated, partner, offs_d)  # (BLOCK_D,)
     x = tl.load(row_ptrs + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)  # (R, BLOCK_D)
     x_partner = tl.load(row_ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)  # (R, BLOCK_D)

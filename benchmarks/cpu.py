@@ -16,6 +16,7 @@ decode at every context).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable, Iterator
@@ -91,6 +92,7 @@ def measure(problem: Problem, quick: bool) -> dict:
         "flops": problem.flops(),
         "baseline": BASELINE,
         "providers": providers,
+        "loadavg_1min_after": os.getloadavg()[0],  # other processes on the machine skew the timings
     }
 
 

@@ -19,6 +19,10 @@ return the partials whenever that ``n`` is above 1.
 
 Per-batch lengths and offsets (the lists of :class:`attn_ref.validation.KVCacheCall`) reach the
 kernels as small int32 tensors (:func:`batch_metadata`), copied to the device once per call.
+
+:func:`plan_kvcache` plans a validated call (the launches in order, and the result tensors they
+fill); :func:`attend` runs only the attention and combine of a call whose new tokens are already in
+the cache (what a serving engine would capture in a CUDA graph; used by the benchmarks).
 """
 
 from __future__ import annotations
@@ -170,6 +174,7 @@ def plan_attend(call: KVCacheCall, meta: dict):
 
 
 def _heuristic_splits(call: KVCacheCall, tiles) -> int:
+    """``num_splits=0``: :func:`kernels.splits.choose_num_splits` for this call's unsplit grid."""
     rows_per_tile = tiles.block_m // (call.num_heads // call.num_heads_k)
     m_blocks = -(-max(call.seqlens_q, default=0) // rows_per_tile)
     programs = call.batch_size * call.num_heads_k * m_blocks

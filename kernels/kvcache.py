@@ -33,6 +33,7 @@ from typing import Optional, Union
 import torch
 
 from attn_ref.validation import KVCacheCall, check_kvcache_args
+from errors.notes import catalogued
 
 from .append import plan_append
 from .attention import plan_attention
@@ -45,6 +46,7 @@ METADATA_FIELDS = ("seqlens_q", "q_starts", "cache_rows", "leftpads", "seqlens_k
                    "new_starts", "cache_seqlens", "rotary_starts")
 
 
+@catalogued
 def flash_attn_with_kvcache(
     q,
     k_cache,

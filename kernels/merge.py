@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from errors.notes import catalogued
+
 from .launch import Launch, next_power_of_2, explicit_rounding
 from .numerics import store_as
 
@@ -123,6 +125,7 @@ def _strides(prefix: str, strides, axes=("0", "1", "2")) -> dict[str, int]:
     return {prefix + axis: stride for axis, stride in zip(axes, strides)}
 
 
+@catalogued
 def merge_attention_states(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +143,7 @@ def merge_attention_states(
                  lse_b.reshape(1, 1, 1, -1), out_a.shape)
 
 
+@catalogued
 def combine_attention_states(out_partials: torch.Tensor, lse_partials: torch.Tensor):
     """Fold ``n`` attention states ``s_0 ⊕ s_1 ⊕ ... ⊕ s_{n-1}`` (e.g. the split-KV partials).
 

@@ -262,8 +262,7 @@ assert len(set(zigzag)) == 1 and sum(zigzag) == sum(contiguous)
 # | K/V gather | the same bytes as the ring, in one all-gather (and all of K/V in memory at once) |
 # | USP, $P = U \cdot R$ | Ulysses among $U$ ranks on $S/P$ tokens + a ring of $R$ over blocks of $S/R$ tokens with $H_{kv}/U$ heads |
 #
-# The `UlyssesAttention` here also returns each row's LSE, which adds one more all-to-all of
-# $\frac{P-1}{P} \cdot \frac{S}{P} \cdot H$ fp32 numbers. The counted bytes match the formulas exactly:
+# The counted bytes match the formulas exactly:
 
 # %%
 def ulysses_bytes(P, S, H, Hkv, D, b=4):
@@ -278,16 +277,12 @@ def usp_bytes(U, R, S, H, Hkv, D, b=4):
     return ulysses_bytes(U, S / R, H, Hkv, D, b) + ring_bytes(R, S, Hkv / U, D, b)
 
 
-def lse_bytes(P, S, H):
-    return (P - 1) / P * (S / P) * H * 4
-
-
 print(f"{'scheme':22s}" + "".join(f"{f'P={P} counted':>14s}{'formula':>10s}" for P in (2, 4)))
 for scheme in results[4][0]:
     counted = {P: results[P][0][scheme][1] for P in (2, 4)}
     assert all(rank_results[scheme][1] == counted[P] for P in (2, 4) for rank_results in results[P])
     formula = {
-        P: ulysses_bytes(P, S, H, Hkv, D) + lse_bytes(P, S, H) if scheme == "Ulysses"
+        P: ulysses_bytes(P, S, H, Hkv, D) if scheme == "Ulysses"
         else usp_bytes(2, P // 2, S, H, Hkv, D) if "USP" in scheme
         else ring_bytes(P, S, Hkv, D)
         for P in (2, 4)
@@ -314,8 +309,7 @@ for rho, style in ((1, "-"), (2, "--"), (8, ":")):
     axes[0].plot(Ps, [ring_bytes(p, S, h_kv, D) / 1024 for p in Ps.tolist()], "C1" + style, label=f"ring / K/V gather, ρ={rho}")
     axes[1].plot(Ps, Ps / (rho + 1), "k" + style, label=f"ρ = {rho}")
 for P in (2, 4):
-    counted_ulysses = results[P][0]["Ulysses"][1] - lse_bytes(P, S, H)  # q, k, v and out only
-    axes[0].plot([P, P], [results[P][0]["ring"][1] / 1024, counted_ulysses / 1024], "ko")
+    axes[0].plot([P, P], [results[P][0]["ring"][1] / 1024, results[P][0]["Ulysses"][1] / 1024], "ko")
 axes[0].set_xlabel("ranks P"), axes[0].set_ylabel("KiB received per rank (S = 64)")
 axes[0].set_title("formulas (lines) and this run (dots, ρ = 2)", fontsize=9), axes[0].legend(fontsize=7)
 axes[1].axhline(1, color="grey", linewidth=0.5)

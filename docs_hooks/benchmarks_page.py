@@ -17,7 +17,11 @@ from mkdocs.structure.files import File
 SECTION = "Benchmarks"
 AFTER = "Tutorials"
 DEVICES = {"cuda": "GPU: Triton kernels", "cpu": "CPU: the PyTorch reference"}
-INTRO = """# Benchmarks
+INTRO = """---
+hide: [navigation]
+---
+
+# Benchmarks
 
 Measured results, committed with the code that produced them. Every table states the machine, the
 date, the versions and the command; rerun it with `python -m benchmarks.run --device cpu` (or

@@ -92,6 +92,11 @@ def cuda_time(fn: Callable[[], object], capture: bool = True) -> dict:
 
 def _capture(fn: Callable[[], object]) -> Optional[torch.cuda.CUDAGraph]:
     """``fn`` captured in a CUDA graph, or None if it cannot be (e.g. it reads a tensor on the host)."""
+    side = torch.cuda.Stream()  # warm up on a side stream first, as torch.cuda.graph's docs ask
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):

@@ -101,7 +101,7 @@ def _capture(fn: Callable[[], object]) -> Optional[torch.cuda.CUDAGraph]:
     try:
         with torch.cuda.graph(graph):
             fn()
-    except RuntimeError:
+    except Exception:  # noqa: BLE001  (a refused capture, e.g. a host sync: time the call eagerly instead)
         torch.cuda.synchronize()  # a refused capture is not a sticky CUDA error
         return None
     graph.replay()

@@ -142,14 +142,16 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     unit, scale = ("TB/s", 1e12) if gpu else ("GB/s", 1e9)
     header = ["suite", "case", "provider", "time", f"{unit} (logical)", "TFLOP/s", "time / baseline",
               "% of copy BW" if gpu else "peak extra MB", "max abs diff vs attn_ref"]
-    if not gpu:
-        header.append("load (1 min)")
+    header.append("roofline time" if gpu else "load (1 min)")
     rows = []
     for case in result["cases"]:
-        load = [] if gpu else [f"{case['loadavg_1min_after']:.1f}"]
+        if gpu:  # bytes / measured copy bandwidth, or FLOPs / measured matmul rate if larger
+            extra = ["-" if case.get("ideal_time_s") is None else _duration(case["ideal_time_s"])]
+        else:
+            extra = [f"{case['loadavg_1min_after']:.1f}"]
         for name, p in case["providers"].items():
             if "error" in p:
-                rows.append([case["suite"], case["label"], name, "-", "-", "-", "-", "-", p["error"][:60], *load])
+                rows.append([case["suite"], case["label"], name, "-", "-", "-", "-", "-", p["error"][:60], *extra])
                 continue
             last = p.get("pct_of_copy_bandwidth") if gpu else p.get("peak_extra_bytes")
             last = "-" if last is None else (f"{last:.1f}" if gpu else f"{last / 1e6:.1f}")
@@ -157,7 +159,7 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
             rows.append([
                 case["suite"], case["label"], name, _duration(p["time_s"]), f"{p['bytes_per_s'] / scale:.3g}",
                 f"{p['flop_per_s'] / 1e12:.3g}", "-" if ratio is None else f"{ratio:.2f}", last,
-                "-" if diff is None else f"{diff:.2e}", *load,
+                "-" if diff is None else f"{diff:.2e}", *extra,
             ])
     return header, rows
 
@@ -167,7 +169,7 @@ def _duration(seconds: float) -> str:
         return f"{seconds:.2f} s"
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} us"
+    return f"{seconds * 1e6:.3g} us"
 
 
 def text_table(result: dict) -> str:

@@ -43,8 +43,8 @@ print(p.name, '| SMs', p.multi_processor_count, '| memory GB', p.total_memory / 
 step nvidia-smi 20 bash -c "nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE,POWER,TEMPERATURE"
 gpu_tests=(tests/test_kernels_*.py)  # the kernels' tests, plus the kernel-backed sequence-parallel ones
 [ -f tests/test_sequence_parallel_kernels.py ] && gpu_tests+=(tests/test_sequence_parallel_kernels.py)
-step tests 110 "$py" -m pytest "${gpu_tests[@]}" -x -q -p no:cacheprovider
-step bench 140 "$py" -m benchmarks.run --device cuda --out "$out"
+step tests 130 "$py" -m pytest "${gpu_tests[@]}" -x -q -p no:cacheprovider
+step bench 120 "$py" -m benchmarks.run --device cuda --out "$out"
 step clocks-after 10 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 
 printf '%s\n' "${summary[@]}" | tee -a "$log"

@@ -27,6 +27,7 @@ says so in its ``method``.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Iterator, Optional
 
@@ -277,7 +278,9 @@ def _measured(name: str, build: Builder, reference: torch.Tensor, nbytes: int, f
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}
     t = timing["time_s"]
     measured = {**timing, "setup": setup, "bytes_per_s": nbytes / t, "flop_per_s": flops / t,
-                "max_abs_diff_vs_attn_ref": diff}
+                "max_abs_diff_vs_attn_ref": diff if math.isfinite(diff) else None}
+    if not math.isfinite(diff):
+        measured["setup"] += "; OUTPUT NOT FINITE (NaN/inf where the reference is finite)"
     if "copy_bytes_per_s" in ceilings:
         measured["pct_of_copy_bandwidth"] = 100 * measured["bytes_per_s"] / ceilings["copy_bytes_per_s"]
     return measured

@@ -1,10 +1,13 @@
-"""Entry point: ``python -m benchmarks.run [--quick] [--device cpu|cuda] [--out DIR]``.
+"""Entry point: ``python -m benchmarks.run [--quick] [--device cpu|cuda] [--out DIR] [--threads N]``.
 
 Measures one device's suites, prints the table and writes, under ``DIR`` (default
 ``benchmarks/results/``): ``<device>.json``, ``<device>.md`` and ``<device>_<suite>.png``.
 
-* ``--device cpu`` (default without CUDA): :mod:`benchmarks.cpu`. Full mode takes a few minutes on
-  2 cores; ``--quick`` uses small shapes and runs in seconds (the test suite's check of the harness).
+* ``--device cpu`` (default without CUDA): :mod:`benchmarks.cpu`. Full mode takes about 4 minutes on
+  an idle 2-core machine; ``--quick`` uses small shapes and runs in seconds (the test suite's check of
+  the harness). On a machine shared with other jobs, ``--threads 1`` keeps OpenMP threads from
+  waiting on descheduled peers, which otherwise inflates the many small ops of the reference far more
+  than SDPA's few large ones; the per-case load average is recorded either way.
 * ``--device cuda``: :mod:`benchmarks.gpu`. Refuses to run under the Triton interpreter.
 """
 

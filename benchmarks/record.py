@@ -142,14 +142,11 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     unit, scale = ("TB/s", 1e12) if gpu else ("GB/s", 1e9)
     header = ["suite", "case", "provider", "time", f"{unit} (logical)", "TFLOP/s", "time / baseline",
               "% of copy BW" if gpu else "peak extra MB", "max abs diff vs attn_ref"]
-    header.append("roofline time" if gpu else "load (1 min)")
+    header += ["roofline time"] if gpu else ["inputs MB", "load (1 min)"]
     rows = []
     for case in result["cases"]:
-        if gpu:  # bytes / measured copy bandwidth, or FLOPs / measured matmul rate if larger
-            extra = ["-" if case.get("ideal_time_s") is None else _duration(case["ideal_time_s"])]
-        else:
-            extra = [f"{case['loadavg_1min_after']:.1f}"]
         for name, p in case["providers"].items():
+            extra = _device_cells(gpu, case, p)
             if "error" in p:
                 rows.append([case["suite"], case["label"], name, "-", "-", "-", "-", "-", p["error"][:60], *extra])
                 continue
@@ -162,6 +159,15 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
                 "-" if diff is None else f"{diff:.2e}", *extra,
             ])
     return header, rows
+
+
+def _device_cells(gpu: bool, case: dict, provider: dict) -> list[str]:
+    """GPU: the roofline time (bytes / copy bandwidth, or FLOPs / matmul rate if larger). CPU: what the
+    provider is given (SDPA: dense K/V with the KV heads repeated) and the load after the case."""
+    if gpu:
+        return ["-" if case.get("ideal_time_s") is None else _duration(case["ideal_time_s"])]
+    inputs = provider.get("input_bytes")
+    return ["-" if inputs is None else f"{inputs / 1e6:.1f}", f"{case['loadavg_1min_after']:.1f}"]
 
 
 def _duration(seconds: float) -> str:

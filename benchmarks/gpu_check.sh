@@ -4,9 +4,11 @@
 #   bash benchmarks/gpu_check.sh OUTDIR
 #
 # Uses the machine's own python3 (or $PYTHON) and packages as they are: nothing is installed, the
-# repository is put on PYTHONPATH. Every step runs under `timeout` (SIGTERM, then SIGKILL 10 s later),
-# so one hang cannot eat the budget; the limits add up to 300 s. A benchmark stopped by its limit
-# still writes the cases it finished. OUTDIR receives six flat files:
+# repository is put on PYTHONPATH. Where the tree arrives without .git, set ATTN_REF_GIT to the
+# commit (`git describe --always --dirty` where it was copied from) so the results name it.
+# Every step runs under `timeout` (SIGTERM, then SIGKILL 10 s later), so one hang cannot eat the
+# budget; the limits add up to 300 s. A benchmark stopped by its limit still writes the cases it
+# finished. OUTDIR receives six flat files:
 #   gpu_check.log   versions, nvidia-smi (summary, -q clocks/power/temperature, clocks after the
 #                   benchmarks), the test log and the benchmark log
 #   cuda.json       results (benchmarks/schema.json), cuda.md the same as a Markdown table
@@ -34,10 +36,11 @@ step() {  # step NAME LIMIT_S COMMAND...
 
 date -u +"gpu_check started %Y-%m-%dT%H:%M:%SZ in $PWD" >"$log"
 step versions 20 "$py" -c "
-import platform, subprocess, torch, triton
+import platform, torch, triton
 print('python', platform.python_version(), '| torch', torch.__version__, '| cuda', torch.version.cuda,
       '| triton', triton.__version__)
-print('git', subprocess.run(['git', 'describe', '--always', '--dirty'], capture_output=True, text=True).stdout.strip())
+from benchmarks.record import versions
+print('attn_ref', versions()['attn_ref_git'])
 p = torch.cuda.get_device_properties(0)
 print(p.name, '| SMs', p.multi_processor_count, '| memory GB', p.total_memory / 1e9, '| cc', p.major, p.minor)"
 step nvidia-smi 20 bash -c "nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE,POWER,TEMPERATURE"

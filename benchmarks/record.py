@@ -122,7 +122,10 @@ def _run(args: list[str]) -> str:
 
 
 def _git_describe() -> str:
-    return _run(["git", "describe", "--always", "--dirty"]) or "unknown (no git checkout)"
+    """``git describe --always --dirty``; where the tree was copied without ``.git`` (a lent GPU
+    machine), the caller's ``ATTN_REF_GIT`` environment variable."""
+    return (_run(["git", "describe", "--always", "--dirty"]) or os.environ.get("ATTN_REF_GIT")
+            or "unknown (no git checkout, ATTN_REF_GIT unset)")
 
 
 def _nvidia_smi_query() -> str:

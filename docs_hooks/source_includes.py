@@ -77,6 +77,13 @@ def _code_block(match: re.Match, root: Path) -> str:
     return "\n".join(indent + line for line in lines)
 
 
+def on_config(config):
+    """Resolve snippet paths against the project root (where mkdocs.yml is), whatever the working dir."""
+    root = str(Path(config["config_file_path"]).parent)
+    config["mdx_configs"].setdefault("pymdownx.snippets", {})["base_path"] = [root]
+    return config
+
+
 def on_page_markdown(markdown, page, config, files):
     root = Path(config["config_file_path"]).parent
     return DIRECTIVE.sub(lambda m: _code_block(m, root), markdown)

@@ -67,19 +67,19 @@ def attention_with_lse(
     rows_per_chunk = max(1, MAX_SCORE_ELEMENTS // max(1, h * n))
     for r0 in range(0, sq, rows_per_chunk):
         r1 = min(sq, r0 + rows_per_chunk)
-        scores = torch.zeros(h_k, g, r1 - r0, n, dtype=torch.float32, device=v.device)  # (h_k, g, rows, n)
-        if not only_qv:
-            qg = q[r0:r1].float().view(r1 - r0, h_k, g, -1)  # (rows, h_k, g, d)
-            scores += torch.einsum("rkgd,nkd->kgrn", qg, kf)
-        if qv is not None:
-            qvg = qv[r0:r1].float().view(r1 - r0, h_k, g, dv)  # (rows, h_k, g, dv)
-            scores += torch.einsum("rkgd,nkd->kgrn", qvg, vf)
-        if softcap > 0:
-            logits = softcap * torch.tanh(scores * (softmax_scale / softcap))
+        if only_qv:  # scores (h_k, g, rows, n)
+            scores = torch.einsum("rkgd,nkd->kgrn", qv[r0:r1].float().view(r1 - r0, h_k, g, dv), vf)
         else:
-            logits = scores * softmax_scale
+            scores = torch.einsum("rkgd,nkd->kgrn", q[r0:r1].float().view(r1 - r0, h_k, g, -1), kf)
+            if qv is not None:
+                scores += torch.einsum("rkgd,nkd->kgrn", qv[r0:r1].float().view(r1 - r0, h_k, g, dv), vf)
+        # In place from here on: the score tensor is the largest allocation of the call.
+        if softcap > 0:
+            logits = scores.mul_(softmax_scale / softcap).tanh_().mul_(softcap)
+        else:
+            logits = scores.mul_(softmax_scale)
         visible = visible_keys(sq, seqlen_k, causal, window_size, attention_chunk, v.device, r0, r1)
-        logits = logits.masked_fill(~visible[:, key_offset:key_offset + n], float("-inf"))
+        logits.masked_fill_(~visible[:, key_offset:key_offset + n], float("-inf"))
         o, l = _softmax_state(logits, vf, None if sinks is None else sinks.float().view(h_k, g))
         out[r0:r1], lse[:, r0:r1] = o.reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0)
     return out, lse
@@ -88,7 +88,7 @@ def attention_with_lse(
 def _softmax_state(
     logits: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalise grouped logits into an attention state.
+    """Normalise grouped logits into an attention state (``logits`` is overwritten).
 
     ``logits (h_k, g, rows, n)`` fp32 with -inf where masked, ``v (n, h_k, dv)`` fp32,
     ``sinks (h_k, g)`` or None. Returns ``out (rows, h_k, g, dv)`` and ``lse (h_k, g, rows)``.
@@ -98,10 +98,10 @@ def _softmax_state(
     if sinks is not None:
         m = torch.maximum(m, sinks[..., None])
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # empty row: any finite shift works
-    p = torch.exp(logits - m[..., None])  # (h_k, g, rows, n), 0 where masked
+    p = logits.sub_(m[..., None]).exp_()  # (h_k, g, rows, n), 0 where masked; overwrites logits
     denom = p.sum(dim=-1)  # (h_k, g, rows)
     if sinks is not None:
         denom = denom + torch.exp(sinks[..., None] - m)
     inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
-    out = torch.einsum("kgrn,nkd->rkgd", p * inv[..., None], v)
+    out = torch.einsum("kgrn,nkd->rkgd", p.mul_(inv[..., None]), v)
     return out, m + torch.log(denom)

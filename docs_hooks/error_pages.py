@@ -107,8 +107,8 @@ def entry_page(entry: dict, by_id: dict) -> str:
         example = examples[key]
         lines += [f'=== "{title}"', "", _indent(_fence(example["code"])), ""]
         if key == "predicate":
-            for label, cases in (("True (the call is valid)", example["true_cases"]),
-                                 ("False (the call raises)", example["false_cases"])):
+            for label, cases in (("True (the call raises)", example["true_cases"]),
+                                 ("False (the call is valid)", example["false_cases"])):
                 lines += [_indent(f"{label} for:"), ""] + [_indent(f"* `{case}`") for case in cases] + [""]
     if entry.get("upstream"):
         up = entry["upstream"]

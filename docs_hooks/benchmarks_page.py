@@ -2,8 +2,10 @@
 
 For each device that has results (``<device>.json``, written by ``python -m benchmarks.run``), the
 page shows the run's provenance, the table of :func:`benchmarks.record.table_rows` (the harness's own
-rows, so the page and the printed table agree), the targets, and every ``<device>_<suite>.png`` plot. The page and the plots are ``File.generated`` (nothing is written into
-``docs/``); without any result file there is no page and no nav entry.
+rows, so the page and the printed table agree), the targets, and every ``<device>_<suite>.png`` plot.
+A device without results gets a warning that says so, first on the page, instead of a description
+of figures that are not there. The page and the plots are ``File.generated`` (nothing is written
+into ``docs/``); without any result file there is no page and no nav entry.
 """
 
 from __future__ import annotations
@@ -25,11 +27,26 @@ hide: [navigation]
 
 Measured results, committed with the code that produced them. Every table states the machine, the
 date, the versions and the command; rerun it with `python -m benchmarks.run --device cpu` (or
-`--device cuda` on a GPU) from the repository root. On the GPU the kernels are compared with
-PyTorch's `scaled_dot_product_attention` on the same problems (decode bandwidth, prefill FLOP/s,
-the combine kernel); on the CPU the reference is compared with SDPA (time ratio and peak memory).
-Timings of the Triton interpreter are not benchmarks and are never reported.
+`--device cuda` on a GPU) from the repository root. Timings of the Triton interpreter are not
+benchmarks and are never reported.
 """
+#: What each device's results compare, said only when they exist.
+MEASURES = {"cuda": "The Triton kernels against PyTorch's `scaled_dot_product_attention` on the same problems "
+                    "(decode bandwidth, prefill FLOP/s, the combine kernel).",
+            "cpu": "The PyTorch reference against `scaled_dot_product_attention` (time ratio and peak memory)."}
+
+
+#: What is missing for a device without committed results.
+MISSING = {"cuda": ("GPU", "timings of the Triton kernels and no comparison with SDPA on a GPU"),
+           "cpu": ("CPU", "timings of the PyTorch reference and no comparison with SDPA on a CPU")}
+
+
+def missing_section(device: str) -> list[str]:
+    """What the page says for a device without committed results: plainly, that there are none."""
+    label, what = MISSING[device]
+    return [f"## {DEVICES[device]}", "", f'!!! warning "No {label} figures yet"', "",
+            f"    No {label} run is committed (`benchmarks/results/{device}.json` does not exist), so this "
+            f"page has no {what}. `python -m benchmarks.run --device {device}` on a {label} machine makes them.", ""]
 
 
 def _results(config) -> Path:
@@ -63,9 +80,12 @@ def page(config) -> tuple[str, dict[str, bytes]]:
     if root not in sys.path:
         sys.path.insert(0, root)
     results, lines, images = _results(config), [INTRO], {}
-    for device in _devices(config):
+    present = _devices(config)
+    for device in [d for d in DEVICES if d not in present]:
+        lines += missing_section(device)
+    for device in present:
         result = json.loads((results / f"{device}.json").read_text(encoding="utf-8"))
-        lines += [f"## {DEVICES[device]}", ""] + result_section(result)
+        lines += [f"## {DEVICES[device]}", "", MEASURES[device], ""] + result_section(result)
         for plot in sorted(results.glob(f"{device}_*.png")):
             suite = plot.stem.removeprefix(f"{device}_").replace("_", " ")
             images[plot.name] = plot.read_bytes()

@@ -7,6 +7,10 @@
   ": one length per sequence" with an id that the rendered page does not have. So the nav title is
   the notebook's first heading read from its source, and a notebook page's table of contents and
   title are rebuilt from the headings of the rendered HTML.
+* Downloads: under its title, each notebook page links the notebook (mkdocs-jupyter's
+  ``include_source`` copies it next to the page) and its Python source (``tutorials_src/<name>.py``,
+  added here as a generated file in the same folder), and states the run time that
+  ``scripts/build_notebooks.py`` measured when it executed the notebook (``metadata.attn_ref``).
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import json
 import re
 from pathlib import Path
 
+from mkdocs.structure.files import File
 from mkdocs.structure.toc import get_toc
 
 SECTION = "Tutorials"
 AFTER = "Side by side"
+SOURCES = "tutorials_src"
 HEADING = re.compile(r'<h(?P<level>[1-6]) id="(?P<id>[^"]+)"[^>]*>(?P<inner>.*?)</h(?P=level)>', re.S)
 
 
@@ -44,6 +50,33 @@ def on_config(config):
     return config
 
 
+def _is_notebook(page) -> bool:
+    return page.file.src_uri.startswith("tutorials/") and page.file.src_uri.endswith(".ipynb")
+
+
+def on_files(files, config):
+    """Each notebook's Python source, next to the copy of the notebook: ``tutorials/<name>/<name>.py``."""
+    root = Path(config["config_file_path"]).parent
+    for notebook in sorted(Path(config["docs_dir"], "tutorials").glob("*.ipynb")):
+        source = root / SOURCES / f"{notebook.stem}.py"
+        if source.is_file():
+            files.append(File.generated(config, f"tutorials/{notebook.stem}/{source.name}", content=source.read_bytes()))
+    return files
+
+
+def downloads(notebook: Path, has_source: bool) -> str:
+    """The download line of a notebook page: the notebook, its source, its measured run time."""
+    links = [f'<a href="{notebook.name}" download>{notebook.name}</a> (notebook, with its outputs)']
+    if has_source:
+        links.append(f'<a href="{notebook.stem}.py" download>{notebook.stem}.py</a> (its source, jupytext percent format)')
+    record = json.loads(notebook.read_text(encoding="utf-8"))["metadata"].get("attn_ref", {})
+    run = ""
+    if "run_seconds" in record:
+        run = (f" It ran top to bottom in {record['run_seconds']:.0f} s when it was built, on a "
+               f"{record['cpu_count']}-core CPU (no GPU).")
+    return f'<p class="notebook-downloads"><strong>Download:</strong> {" · ".join(links)}.{run}</p>'
+
+
 def toc_tokens(content: str) -> list[dict]:
     """Nested ``{level, id, name, children}`` tokens of the headings of rendered HTML, in order."""
     root = {"level": 0, "children": []}
@@ -59,10 +92,17 @@ def toc_tokens(content: str) -> list[dict]:
 
 
 def on_page_content(content, page, config, files):
-    """Notebook pages: table of contents and title from the rendered headings (ids that exist, code kept)."""
-    if page.file.src_uri.startswith("tutorials/") and page.file.src_uri.endswith(".ipynb"):
-        tokens = toc_tokens(content)
-        page.toc = get_toc(tokens)
-        if tokens and tokens[0]["level"] == 1:
-            page.title = tokens[0]["name"]
-    return content
+    """Notebook pages: the table of contents and title from the rendered headings (ids that exist, code
+    kept), and the download line after the title."""
+    if not _is_notebook(page):
+        return content
+    tokens = toc_tokens(content)
+    page.toc = get_toc(tokens)
+    if tokens and tokens[0]["level"] == 1:
+        page.title = tokens[0]["name"]
+    notebook = Path(page.file.abs_src_path)
+    has_source = files.get_file_from_path(f"tutorials/{notebook.stem}/{notebook.stem}.py") is not None
+    line = downloads(notebook, has_source)
+    title = HEADING.search(content)
+    at = title.end() if title and title["level"] == "1" else 0
+    return content[:at] + line + content[at:]

@@ -11,12 +11,14 @@ Usage::
     .venv/bin/python scripts/build_notebooks.py          # every tutorial
     .venv/bin/python scripts/build_notebooks.py 04 05    # the tutorials whose file name contains 04 or 05
 
-It prints the execution time of each notebook. ``tests/test_notebooks.py`` checks that the stored
-notebooks match their sources and re-executes them.
+It prints the execution time of each notebook and stores it in the notebook's metadata
+(``metadata.attn_ref``: :func:`run_record`), which the docs site shows next to the download links.
+``tests/test_notebooks.py`` checks that the stored notebooks match their sources and re-executes them.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -90,11 +92,17 @@ def coalesce_streams(nb: nbformat.NotebookNode) -> None:
         cell.outputs = joined
 
 
+def run_record(seconds: float) -> dict:
+    """``metadata.attn_ref`` of an executed notebook: its measured run time and on how many CPU cores."""
+    return {"run_seconds": round(seconds, 1), "cpu_count": os.cpu_count()}
+
+
 def build(source: Path) -> float:
     """Execute the tutorial ``source`` and store its notebook; returns the execution time."""
     nb = load_source(source)
     seconds = execute(nb)
     coalesce_streams(nb)
+    nb.metadata["attn_ref"] = run_record(seconds)
     NOTEBOOK_DIR.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, notebook_path(source))
     return seconds

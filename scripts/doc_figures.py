@@ -263,14 +263,18 @@ def usp() -> None:
 
 
 def comm_volume() -> None:
-    """Elements each rank receives per layer, in units of S·D, for H = 32, H_k = 8."""
+    """Elements each rank receives per layer, in units of S·D, for H = 32, H_k = 8.
+
+    Ulysses is drawn only where it is valid, ``H_k % P == 0`` (P <= 8 here); USP keeps ``U = 2``.
+    """
     H, Hk = 32, 8
     degrees = [2, 4, 8, 16, 32]
-    ulysses = [(p - 1) / p / p * (2 * H + 2 * Hk) for p in degrees]
+    ulysses_degrees = [p for p in degrees if Hk % p == 0]
+    ulysses = [(p - 1) / p / p * (2 * H + 2 * Hk) for p in ulysses_degrees]
     gather = [2 * (p - 1) / p * Hk for p in degrees]
     usp = [(2 - 1) / 2 / p * (2 * H + 2 * Hk) + (p // 2 - 1) / (p // 2) * 2 * Hk / 2 for p in degrees]
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    ax.plot(degrees, ulysses, "o-", color=RANK[0], label="Ulysses (4 all-to-alls)")
+    ax.plot(ulysses_degrees, ulysses, "o-", color=RANK[0], label=f"Ulysses (4 all-to-alls; needs H_k % P = 0: P ≤ {Hk})")
     ax.plot(degrees, gather, "s-", color=RANK[1], label="ring = K/V gather (K and V of the other ranks)")
     ax.plot(degrees, usp, "^-", color=RANK[2], label="USP with U = 2, R = P / 2")
     ax.set_xscale("log", base=2)

@@ -118,7 +118,7 @@ assert torch.equal(attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, cache_s
 # `(batch, max_pages_per_seq)` lists the pages of each sequence in order. Position $p$ of sequence
 # $r$ lives at
 #
-# $$\texttt{k\_cache}[\,\texttt{page\_table}[r,\ \lfloor p / P \rfloor],\ p \bmod P\,].$$
+# $$\mathtt{k\_cache}[\,\mathtt{page\_table}[r,\ \lfloor p / P \rfloor],\ p \bmod P\,].$$
 #
 # Pages can sit anywhere; here they are handed out in random order.
 

@@ -51,7 +51,7 @@ def show_masks(masks: dict, size: float = 2.6):
 # the `seqlen_q` queries are its last `seqlen_q` tokens. Query row $i$ therefore sits at key position
 # $i + \Delta$ with
 #
-# $$\Delta = \text{seqlen\_k} - \text{seqlen\_q},$$
+# $$\Delta = \mathrm{seqlen\_k} - \mathrm{seqlen\_q},$$
 #
 # and the causal rule is $j \le i + \Delta$: the triangle is aligned to the **bottom-right** corner,
 # so the last query always sees every key.
@@ -122,7 +122,7 @@ assert torch.equal(attn_ref.visible_keys(4, 9, window_size=(-1, 0)), attn_ref.vi
 #
 # and it sees $\text{start} \le j < \text{start} + c$, combined with the causal and window rules.
 # The modulo is a *floor* modulo, so a negative $p$ (a row above the diagonal when
-# $\text{seqlen\_q} > \text{seqlen\_k}$) lands in a chunk of negative positions and sees nothing.
+# $\mathrm{seqlen\_q} > \mathrm{seqlen\_k}$) lands in a chunk of negative positions and sees nothing.
 
 # %%
 show_masks({
@@ -159,7 +159,7 @@ print("max difference:", (out[:, 0] - by_hand).abs().max().item())
 #
 # Attention itself does not know the order of the tokens; rotary position embeddings (RoPE) tell it.
 # The first `rotary_dim` channels of a query or key at position $p$ are grouped in pairs, and pair
-# $m$ is rotated by the angle $p\,\theta_m$ (with $\theta_m = 10000^{-2m/\text{rotary\_dim}}$):
+# $m$ is rotated by the angle $p\,\theta_m$ (with $\theta_m = 10000^{-2m/\mathrm{rotary\_dim}}$):
 #
 # $$\begin{pmatrix} y_1 \\ y_2 \end{pmatrix} =
 # \begin{pmatrix} \cos p\theta_m & -\sin p\theta_m \\ \sin p\theta_m & \cos p\theta_m \end{pmatrix}
@@ -198,7 +198,7 @@ plt.show()
 # ### Two ways to pair the channels
 #
 # * `rotary_interleaved=True` (GPT-J): pairs are channels $(0, 1), (2, 3), \dots$
-# * `rotary_interleaved=False` (GPT-NeoX, Llama): pairs are channels $(m, m + \text{rotary\_dim}/2)$.
+# * `rotary_interleaved=False` (GPT-NeoX, Llama): pairs are channels $(m, m + \mathrm{rotary\_dim}/2)$.
 #
 # They are the same rotation applied to a different channel order. Reordering the channels as
 # "even ones, then odd ones" turns one layout into the other:
@@ -273,6 +273,6 @@ print("causal: q rows at positions", new_positions.tolist(), "| no mask: every q
 # | `window_size=(l, r)` | $i + \Delta - l \le j \le i + \Delta + r$ (causal forces $r = 0$) |
 # | `attention_chunk=c` | $j$ in the chunk of $i + \Delta$: $[\,p - (p \bmod c),\; p - (p \bmod c) + c)$ |
 #
-# with $\Delta = \text{seqlen\_k} - \text{seqlen\_q}$ (bottom-right alignment). A row that sees
+# with $\Delta = \mathrm{seqlen\_k} - \mathrm{seqlen\_q}$ (bottom-right alignment). A row that sees
 # nothing outputs 0 with LSE $-\infty$. Rotary rotates new keys at `cache_seqlens + t`, and queries
 # at `cache_seqlens + i` (causal/local) or all at `cache_seqlens` (no mask).

@@ -59,8 +59,8 @@ out, lse = attn_ref.attention_with_lse(q, k, v, scale)  # out (sq, h, d), lse (h
 # %% [markdown]
 # ## Split the key range
 #
-# `split_bounds(seqlen_k, num_splits)` cuts $[0, \text{seqlen\_k})$ into consecutive ranges of
-# $\lceil \text{seqlen\_k} / n \rceil$ keys. The reference and the Triton kernels use this same
+# `split_bounds(seqlen_k, num_splits)` cuts $[0, \mathrm{seqlen\_k})$ into consecutive ranges of
+# $\lceil \mathrm{seqlen\_k} / n \rceil$ keys. The reference and the Triton kernels use this same
 # function, so their partial results can be compared one by one.
 
 # %%

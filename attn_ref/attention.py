@@ -47,12 +47,20 @@ def attention_with_lse(
 
     Args:
         q: ``(sq, h, d)`` queries (ignored when ``only_qv``).
-        k: ``(n, h_k, d)`` keys, v: ``(n, h_k, dv)`` values: keys ``key_offset .. key_offset + n - 1``
-            of a sequence of ``seqlen_k`` keys (default ``n``). The offset lets a caller attend one
-            slice of the keys (a KV split, a ring step) with the masks of the whole sequence.
+        k: ``(n, h_k, d)`` keys ``key_offset .. key_offset + n - 1`` of a sequence of ``seqlen_k``
+            keys. The offset lets a caller attend one slice of the keys (a KV split, a ring step)
+            with the masks of the whole sequence.
+        v: ``(n, h_k, dv)`` values of the same keys.
+        softmax_scale: factor of ``q·k`` (and of ``qv·v``) in the logits.
+        causal: bottom-right aligned causal mask (see :mod:`attn_ref.masks`).
+        window_size: ``(left, right)`` keys visible around each row's diagonal; -1 is unbounded.
+        attention_chunk: keys only from the row's own chunk of this size (None/0: off).
+        softcap: logits ``softcap * tanh(softmax_scale * s / softcap)`` before masking (0: off).
         qv: ``(sq, h, dv)`` extra query part dotted with V (MLA), or None.
+        only_qv: logits from ``qv·v`` only (``q`` and ``k`` are not read).
         sinks: ``(h,)`` sink logits σ_h (final-logit space), or None.
-        causal, window_size, attention_chunk: masks, see :mod:`attn_ref.masks`.
+        key_offset: position of ``k[0]`` in the whole sequence of keys.
+        seqlen_k: length of the whole sequence of keys (default ``n``).
 
     Returns:
         ``out (sq, h, dv)`` fp32 and ``lse (h, sq)`` fp32 (natural log).

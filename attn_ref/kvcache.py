@@ -76,29 +76,40 @@ def flash_attn_with_kvcache(
         k_cache: ``(b_cache, s_cache, h_k, d)``, or paged ``(num_pages, P, h_k, d)`` with
             ``page_table``. May be None only with ``only_qv=True`` (a placeholder is used).
         v_cache: ``(b_cache, s_cache, h_k, dv)`` or ``(num_pages, P, h_k, dv)``.
-        k, v: new tokens ``(b, s_new, h_k, d|dv)``, or ``(total_new, h_k, d|dv)`` with
-            ``cu_seqlens_k_new``; written at positions ``cache_seqlens[i] ...`` (k after rotary).
+        k: new keys ``(b, s_new, h_k, d)``, or ``(total_new, h_k, d)`` with ``cu_seqlens_k_new``;
+            written (after rotary) at positions ``cache_seqlens[i] ...``. Needs ``v``.
+        v: new values ``(b, s_new, h_k, dv)``, or ``(total_new, h_k, dv)``; written next to ``k``.
         qv: ``(b, sq, h, dv)`` / ``(total_q, h, dv)``: adds ``qv·V`` to the scores (MLA).
-        rotary_cos, rotary_sin: ``(seqlen_rotary, rotary_dim / 2)``; need ``k``/``v``.
+        rotary_cos: ``(seqlen_rotary, rotary_dim / 2)``, cosines of the rotary angles; needs ``k``/``v``.
+        rotary_sin: ``(seqlen_rotary, rotary_dim / 2)``, sines, with ``rotary_cos``.
         cache_seqlens: int or ``(b,)`` int32: absolute end of the old tokens of each sequence.
         cache_batch_idx: ``(b,)`` int32: cache row (or page-table row) of each batch entry.
         cache_leftpad: ``(b,)`` int32: first valid cache position of each sequence.
         page_table: ``(b_k, max_pages)`` int32: position ``p`` is at ``[page_table[r, p // P], p % P]``.
-        cu_seqlens_q, max_seqlen_q: varlen queries; cu_seqlens_k_new: varlen new k/v.
+        cu_seqlens_q: ``(b + 1,)`` int32 offsets of each sequence's rows in packed (varlen) ``q``.
+        cu_seqlens_k_new: ``(b + 1,)`` int32 offsets of each sequence's tokens in packed ``k``/``v``.
+        max_seqlen_q: int, the longest sequence of packed ``q``; needed with ``cu_seqlens_q``.
         rotary_seqlens: ``(b,)`` int32 rotary position of the first new key (default cache_seqlens).
-        q_descale, k_descale, v_descale: ``(b, h_k)`` fp32, used only with fp8 inputs.
+        q_descale: ``(b, h_k)`` fp32 factor of fp8 ``q`` per KV head (fp8 inputs only).
+        k_descale: ``(b, h_k)`` fp32 factor of the fp8 key cache (fp8 inputs only).
+        v_descale: ``(b, h_k)`` fp32 factor of the fp8 value cache (fp8 inputs only).
         softmax_scale: default ``(d + dv_qv) ** -0.5``, or ``dv ** -0.5`` with only_qv (as sglang).
-        causal: bottom-right aligned causal mask. window_size: ``(left, right)``, -1 unbounded.
+        causal: bottom-right aligned causal mask.
+        window_size: ``(left, right)`` keys visible around each row's diagonal; -1 is unbounded.
         attention_chunk: keys only from the query's own chunk of this size (None/0: off).
         softcap: ``softcap * tanh(scale * s / softcap)`` before masking (0: off).
         rotary_interleaved: GPT-J pairs (True) or GPT-NeoX halves (False).
+        scheduler_metadata: FA3's precomputed schedule; accepted, no effect here.
         num_splits: <= 0 heuristic (here: 1), 1 no split, n > 1: n KV splits merged through their LSE.
+        pack_gqa: FA3's query-head packing switch; accepted, no effect here.
         only_qv: scores from ``qv·V`` only (q and K are not read).
+        sm_margin: SMs FA3 leaves free; accepted, no effect here.
         return_softmax_lse: return ``(out, lse, out_accum, lse_accum)`` instead of ``out``.
         sinks: ``(h,)`` sink logits, added to the softmax denominator and to the LSE.
-        out: optional preallocated output, written and returned.
-        scheduler_metadata, pack_gqa, sm_margin: performance knobs of FA3; no effect here.
-        score_mod, aux_tensors, ver: accepted and ignored, as sglang does.
+        score_mod: accepted and ignored, as sglang does.
+        aux_tensors: accepted and ignored, as sglang does.
+        ver: FA version; must be 3, as in sglang.
+        out: optional preallocated output ``(b, sq, h, dv)`` / ``(total_q, h, dv)``, written and returned.
 
     Returns:
         ``out`` ``(b, sq, h, dv)`` / ``(total_q, h, dv)`` in q's dtype (bf16 for fp8). With

@@ -129,8 +129,24 @@ def plan_kvcache(call: KVCacheCall):
 
 def attend(call: KVCacheCall, meta: dict):
     """Run the attention (and split combine) of a validated call whose new tokens are already in the
-    cache: the device work after the append, e.g. for a CUDA graph. Returns
-    ``(out, lse, out_accum, lse_accum)`` as :func:`flash_attn_with_kvcache` does."""
+    cache: the device work after the append, which a CUDA graph can capture (the public call cannot:
+    its validation reads index tensors back to the host).
+
+    Example::
+
+        call = attn_ref.check_kvcache_args(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
+        meta = batch_metadata(call)  # once, outside the graph
+        out, lse, out_accum, lse_accum = attend(call, meta)  # captured and replayed
+
+    Args:
+        call: a validated call (:func:`attn_ref.check_kvcache_args`), with no new tokens to append
+            or with them already written into the cache.
+        meta: :func:`batch_metadata` of ``call``: its per-batch lengths as ``(b,)`` int32 tensors.
+
+    Returns:
+        ``(out, lse, out_accum, lse_accum)`` with the shapes and dtypes of
+        :func:`flash_attn_with_kvcache` with ``return_softmax_lse=True``.
+    """
     launches, results = plan_attend(_kernel_ready(call), meta)
     for launch in launches:
         launch.run()

@@ -1,7 +1,8 @@
 """``python -m errors``: explain, search, list, check, sync and scan the error catalog.
 
 Exit status: 0 on success, 1 when the answer is "no" (nothing found, drift found, unreadable input),
-2 for a malformed command line. Problems are one line on stderr, never a traceback.
+2 for a malformed command line. Problems are one line on stderr, never a traceback. Text that UTF-8
+cannot hold (a lone surrogate in a scanned message) is printed as a ``\\uXXXX`` escape.
 """
 
 from __future__ import annotations
@@ -12,12 +13,18 @@ import sys
 from pathlib import Path
 
 from . import catalog as cat
-from .scan import scan
+from . import pasted
+from .scan import ScanError, scan_path
 from .sync import describe_site
 
 
+def _read_stdin() -> str:
+    data = sys.stdin.buffer.read(pasted.MAX_CHARS * 4 + 1)
+    return data.decode("utf-8", "replace")
+
+
 def _explain(args, catalog) -> int:
-    query = " ".join(args.query)
+    query = _read_stdin() if args.query == ["-"] else " ".join(args.query)
     print(cat.explain(query, catalog), end="")
     return 0
 
@@ -80,11 +87,7 @@ def _sync(args, catalog_path: Path) -> int:
 
 
 def _scan(args) -> int:
-    path = Path(args.path)
-    if not path.exists():
-        raise KeyError(f"{args.path} does not exist")
-    root = path if path.is_dir() else path.parent
-    sites, problems = scan(root, None if path.is_dir() else [path.name])
+    sites, problems = scan_path(args.path)
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     if args.json:
@@ -100,8 +103,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m errors", description="The attn-ref error catalog.")
     p.add_argument("--catalog", type=Path, default=cat.CATALOG_PATH, help="catalog file (default: the shipped one)")
     sub = p.add_subparsers(dest="command", required=True)
-    explain = sub.add_parser("explain", help="print the entry for a message, id or slug (markdown)")
-    explain.add_argument("query", nargs="+")
+    explain = sub.add_parser("explain", help="print the entry for a message, traceback, note, id or slug (markdown)")
+    explain.add_argument("query", nargs="+", help="what you have; '-' reads it (a whole traceback) from stdin")
     search = sub.add_parser("search", help="entries containing all the words")
     search.add_argument("words", nargs="+")
     listing = sub.add_parser("list", help="every entry, one per line")
@@ -118,6 +121,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     args = parser().parse_args(argv)
     try:
         if args.command == "scan":
@@ -128,7 +134,7 @@ def main(argv=None) -> int:
             return _sync(args, args.catalog)
         catalog = cat.load(args.catalog)
         return {"explain": _explain, "search": _search, "list": _list}[args.command](args, catalog)
-    except (cat.CatalogError, KeyError) as exc:
+    except (cat.CatalogError, ScanError, KeyError) as exc:
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
 

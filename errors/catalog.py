@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
+import sys
 import traceback
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Union
+
+from . import pasted
 
 #: The catalog shipped with the package, its JSON Schema, and the repository root it describes.
 CATALOG_PATH = Path(__file__).with_name("catalog.json")
@@ -23,18 +28,23 @@ PACKAGE_DIRS = ("attn_ref", "kernels")
 #: ``id = sha256(ID_PREFIX + type + "\x1f" + template)[:16]``, computed once at birth and then frozen.
 ID_PREFIX = "attn-ref\x1f"
 ID_ALGORITHM = "sha256/64"
+#: Environment variable with the docs site that notes and ``explain`` link to (default: ``docs_base_url``).
+DOCS_URL_ENV = "ATTN_REF_DOCS_URL"
+#: Bounds on what is read as a catalog: file size, and nesting of JSON containers (the catalog has 6).
+MAX_CATALOG_BYTES = 32 * 1024 * 1024
+MAX_DEPTH = 32
 
 #: Key order of the stored JSON (keys not listed follow in sorted order).
 KEY_ORDER = [
     "$schema", "schema_version", "package", "package_version", "docs_base_url", "scope", "upstream_shared",
     "errors",
-    "id", "id_basis", "algorithm", "input", "slug", "aliases", "status", "removed_note", "exception", "type",
-    "message", "template", "kind", "placeholders", "name", "expr", "conversion", "spec", "pattern", "regex",
-    "previous_templates", "summary", "what_it_means", "when_it_happens", "trigger", "common_situations",
+    "id", "id_basis", "algorithm", "input", "slug", "aliases", "external_aliases", "status", "removed_note",
+    "exception", "type", "message", "template", "kind", "placeholders", "name", "expr", "conversion", "spec",
+    "pattern", "regex", "previous_templates", "summary", "what_it_means", "when_it_happens", "trigger", "common_situations",
     "solutions", "title", "body", "examples", "setup", "requires", "fixed", "guard", "predicate", "true_cases",
     "false_cases", "recovery", "code", "source", "path", "line", "end_line", "function", "excerpt",
     "start_line", "text", "docs_url", "api_url", "related", "relation", "area", "tags", "upstream",
-    "repository", "commit", "statement", "ids", "note",
+    "repository", "commit", "unpinned", "url", "statement", "ids", "note",
 ]
 _RANK = {key: i for i, key in enumerate(KEY_ORDER)}
 
@@ -69,21 +79,78 @@ def canonical(value):
 
 
 def dumps(catalog: dict) -> str:
-    """The stored text: canonical key order, entries sorted by id, 2-space indent, final newline."""
+    """The stored text: canonical key order, entries sorted by id, 2-space indent, final newline.
+
+    Characters UTF-8 cannot hold (a lone surrogate in a message) are written as JSON ``\\uXXXX`` escapes,
+    which read back as the same character.
+    """
     catalog = dict(catalog, errors=sorted(catalog.get("errors", []), key=lambda e: e.get("id", "")))
-    return json.dumps(canonical(catalog), indent=2, ensure_ascii=False) + "\n"
+    text = json.dumps(canonical(catalog), indent=2, ensure_ascii=False) + "\n"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def read_text(path: Union[str, Path]) -> str:
+    """The text of a catalog file; :class:`CatalogError` if it is missing, not a regular file, too
+    large, binary or not UTF-8 (never blocks on a FIFO or a device)."""
+    path = Path(path)
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise CatalogError(f"cannot read the catalog {path}: not a regular file")
+        if info.st_size > MAX_CATALOG_BYTES:
+            raise CatalogError(f"cannot read the catalog {path}: {info.st_size} bytes, more than a catalog "
+                               f"can be ({MAX_CATALOG_BYTES})")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CatalogError(f"cannot read the catalog {path}: {exc.strerror or exc}") from None
+    if b"\0" in data:
+        raise CatalogError(f"cannot read the catalog {path}: it is a binary file, not JSON text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"cannot read the catalog {path}: not UTF-8 text (byte 0x{data[exc.start]:02x} "
+                           f"at offset {exc.start})") from None
+
+
+def _depth_exceeds(value, limit: int) -> bool:
+    """Whether JSON containers in ``value`` nest deeper than ``limit`` (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def parse(text: str, origin: str = "catalog") -> dict:
-    """Parse catalog text; raise :class:`CatalogError` with a readable reason if it is unusable."""
+    """Parse catalog text; raise :class:`CatalogError` with a readable reason if it is unusable.
+
+    Unusable: not JSON, containers nested more than :data:`MAX_DEPTH` deep, a number too long to
+    read, no ``errors`` list of objects with string ids, or one id used by two entries.
+    """
     try:
         catalog = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CatalogError(f"{origin} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CatalogError(f"{origin} nests JSON arrays or objects too deeply to read") from None
+    except ValueError:  # json.loads raises a plain ValueError only for an integer too long to convert
+        raise CatalogError(f"{origin} holds a number with more digits than can be read "
+                           f"({sys.get_int_max_str_digits()})") from None
+    if _depth_exceeds(catalog, MAX_DEPTH):
+        raise CatalogError(f"{origin} nests JSON arrays or objects more than {MAX_DEPTH} levels deep")
     if not isinstance(catalog, dict) or not isinstance(catalog.get("errors"), list):
         raise CatalogError(f"{origin} has no 'errors' list at the top level")
     if not all(isinstance(e, dict) and isinstance(e.get("id"), str) for e in catalog["errors"]):
         raise CatalogError(f"{origin}: every item of 'errors' must be an object with a string 'id'")
+    first = {}
+    for index, entry in enumerate(catalog["errors"]):
+        if entry["id"] in first:
+            raise CatalogError(f"{origin}: duplicate id {entry['id']!r} (entries {first[entry['id']]} and {index} "
+                               "of 'errors')")
+        first[entry["id"]] = index
     return catalog
 
 
@@ -105,19 +172,15 @@ def load(path: Union[str, Path, None] = None) -> dict:
     """
     path = Path(path) if path is not None else CATALOG_PATH
     try:
-        stamp = path.stat().st_mtime_ns
+        info = path.stat()
     except OSError as exc:
-        raise CatalogError(f"cannot read the catalog {path}: {exc.strerror}") from None
-    return _load_cached(str(path), stamp)
+        raise CatalogError(f"cannot read the catalog {path}: {exc.strerror or exc}") from None
+    return _load_cached(str(path), info.st_mtime_ns, info.st_size)
 
 
 @lru_cache(maxsize=8)
-def _load_cached(path: str, stamp: int) -> dict:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CatalogError(f"cannot read the catalog {path}: {exc}") from None
-    catalog = parse(text, path)
+def _load_cached(path: str, stamp: int, size: int) -> dict:
+    catalog = parse(read_text(path), path)
     try:
         problems = schema_problems(catalog)
     except ImportError:
@@ -129,9 +192,19 @@ def _load_cached(path: str, stamp: int) -> dict:
 
 
 def docs_url(entry: dict, catalog: Optional[dict] = None) -> str:
-    """The entry's page: ``<docs_base_url>/errors/<id>/``."""
+    """The entry's page on the published site: ``<docs_base_url>/errors/<id>/`` (the stored field)."""
     catalog = catalog if catalog is not None else load()
     return f"{catalog['docs_base_url'].rstrip('/')}/errors/{entry['id']}/"
+
+
+def reader_docs_url(entry: dict, catalog: Optional[dict] = None) -> Optional[str]:
+    """The entry's page on the site readers use: under ``$ATTN_REF_DOCS_URL`` when that is set (an
+    empty value means no site, and gives None), else :func:`docs_url`."""
+    base = os.environ.get(DOCS_URL_ENV)
+    if base is None:
+        return docs_url(entry, catalog)
+    base = base.strip().rstrip("/")
+    return f"{base}/errors/{entry['id']}/" if base else None
 
 
 def api_url(entry: dict, catalog: Optional[dict] = None) -> str:
@@ -140,12 +213,18 @@ def api_url(entry: dict, catalog: Optional[dict] = None) -> str:
     return f"{catalog['docs_base_url'].rstrip('/')}/api/errors/{entry['id']}.json"
 
 
+def names(entry: dict) -> list[str]:
+    """Everything that names the entry: id, slug, aliases and the ids of its external aliases."""
+    return [entry["id"], entry.get("slug"), *entry.get("aliases", []),
+            *(alias["id"] for alias in entry.get("external_aliases", []))]
+
+
 def get(id_or_slug: str, catalog: Optional[dict] = None) -> dict:
-    """The entry with this id, slug or alias; ``KeyError`` if there is none."""
+    """The entry with this id, slug, alias or external alias id; ``KeyError`` if there is none."""
     catalog = catalog if catalog is not None else load()
     key = id_or_slug.strip().lower()
     for entry in catalog["errors"]:
-        if key == entry["id"] or key == entry.get("slug") or key in entry.get("aliases", []):
+        if key in names(entry):
             return entry
     raise KeyError(f"no catalog entry has the id or slug {id_or_slug!r}")
 
@@ -193,37 +272,50 @@ def at_location(path: str, line: int, catalog: Optional[dict] = None) -> Optiona
     return None
 
 
-def lookup(message_or_exception: Union[str, BaseException], catalog: Optional[dict] = None) -> Optional[dict]:
-    """The entry for an exception (by its raise location, else its message and type) or a message text.
+def lookup(query: Union[str, BaseException], catalog: Optional[dict] = None) -> Optional[dict]:
+    """The entry for an exception, or for text a user pasted; None when nothing in the catalog fits.
 
-    Returns None when nothing in the catalog matches.
+    An exception is found by its raise location, else by its message and type. Text is an id, slug,
+    alias or external alias id, or what :func:`errors.pasted.read` understands: a traceback (its last
+    exception), a ``Type: message`` line, an attn-ref note, a docs URL, or a bare message.
     """
     catalog = catalog if catalog is not None else load()
-    if isinstance(message_or_exception, BaseException):
-        exc = message_or_exception
-        location = raise_location(exc)
+    if isinstance(query, BaseException):
+        location = raise_location(query)
         entry = at_location(*location, catalog=catalog) if location else None
-        if entry is not None and entry["exception"]["type"] == type(exc).__name__:
+        if entry is not None and entry["exception"]["type"] == type(query).__name__:
             return entry
-        found = match(str(exc), type(exc).__name__, catalog)
-    else:
-        found = match(str(message_or_exception).strip(), catalog=catalog)
-    return found[0] if found else None
+        found = match(str(query), type(query).__name__, catalog)
+        return found[0] if found else None
+    text = str(query)
+    try:
+        return get(text, catalog)
+    except KeyError:
+        pass
+    said = pasted.read(text)
+    if said.id is not None:
+        try:
+            return get(said.id, catalog)
+        except KeyError:
+            pass
+    for message in said.messages:
+        # the pasted type first; then any type (sglang asserts some of these messages, FA3 raises RuntimeError)
+        found = match(message, said.exception_type, catalog) or match(message, catalog=catalog)
+        if found:
+            return found[0]
+    return None
 
 
 def resolve(query: Union[str, BaseException], catalog: Optional[dict] = None) -> dict:
-    """An entry from an exception, an id, a slug or a message; ``KeyError`` if none fits."""
+    """:func:`lookup`, but ``KeyError`` (with a readable reason) where nothing fits."""
     catalog = catalog if catalog is not None else load()
-    if isinstance(query, str):
-        if not query.strip():
-            raise KeyError("the query is empty: give an error message, an id or a slug")
-        try:
-            return get(query, catalog)
-        except KeyError:
-            pass
+    if isinstance(query, str) and not query.strip():
+        raise KeyError("the query is empty: give an error message, a traceback, an id or a slug")
     entry = lookup(query, catalog)
     if entry is None:
-        raise KeyError(f"no catalog entry matches {str(query)!r}")
+        shown = str(query).strip()
+        shown = shown if len(shown) <= 200 else shown[:200] + "..."
+        raise KeyError(f"no catalog entry matches {shown!r}")
     return entry
 
 
@@ -243,9 +335,12 @@ def render_markdown(entry: dict, catalog: dict) -> str:
     lines = [f"# {entry['slug']}: {entry['summary']}", ""]
     if entry["status"] == "removed":
         lines += [f"> **Note:** this error is no longer raised. {entry.get('removed_note', '')}".rstrip(), ""]
+    link = reader_docs_url(entry, catalog)
+    lines += [" · ".join([f"`{entry['exception']['type']}`", f"id `{entry['id']}`", f"area `{entry['area']}`",
+                          *([link] if link else [])]), ""]
+    for alias in entry.get("external_aliases", []):
+        lines += [f"Also known as `{alias['id']}` ({alias['source']}).", ""]
     lines += [
-        f"`{entry['exception']['type']}` · id `{entry['id']}` · area `{entry['area']}` · {docs_url(entry, catalog)}",
-        "",
         "## Error message",
         "",
         "```text",
@@ -283,7 +378,9 @@ def render_markdown(entry: dict, catalog: dict) -> str:
                   _code_block(source["excerpt"]["text"]), ""]
     if entry.get("upstream"):
         up = entry["upstream"]
-        lines += ["## Upstream", "", f"Shared with `{up['repository']}`: `{up['path']}`, `{up['function']}`. "
+        where = f"`{up['repository']}`" + (f" at `{up['commit']}`" if up.get("commit") else
+                                           f" ({up['unpinned']})" if up.get("unpinned") else "")
+        lines += ["## Upstream", "", f"Shared with {where}: `{up['path']}`, `{up['function']}`. "
                   f"{up.get('note', '')}".rstrip(), ""]
     if entry.get("related"):
         lines += ["## Related errors", ""]

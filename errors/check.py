@@ -4,15 +4,19 @@ Rules (each problem is reported with the rule's name):
 
 * ``load``: the file is JSON with an ``errors`` list.
 * ``schema``: it validates against ``errors/schema.json`` (draft 2020-12, with a ``FormatChecker``).
-* ``ids``: ``id`` is the first 16 hex digits of SHA-256 of ``id_basis.input``; ids, slugs and aliases
-  are unique; every ``related`` id exists and is not the entry itself.
+* ``load``: also fails on a duplicated id (:func:`errors.catalog.parse`).
+* ``ids``: ``id`` is the first 16 hex digits of SHA-256 of ``id_basis.input``; ids, slugs, aliases and
+  external alias ids are unique; every ``related`` id exists and is not the entry itself.
+* ``upstream``: every ``upstream`` note says what it was checked against: ``commit`` (40 hex digits),
+  or, where the upstream version has no commit that can be named, ``unpinned`` saying so; not both.
 * ``coverage``: the AST scan of ``attn_ref/`` and ``kernels/`` and the active entries map one to one.
 * ``derived``: path, lines, function, excerpt and message (template, placeholders, regex) equal what
   the code says now (``python -m errors sync`` fixes this).
 * ``determinism``: syncing twice gives byte-identical text, equal to the file.
 * ``history``: against the catalog at a git revision (default ``HEAD``), no entry disappears, no
-  ``id_basis`` changes, no slug is lost (an old slug must stay as slug or alias), no removed entry
-  comes back. Skipped, and said so, where there is no git history.
+  ``id_basis`` changes, no slug or external alias is lost (an old slug must stay as slug or alias), no
+  removed entry comes back. Skipped, and said so, outside a git work tree or where the catalog did not
+  exist at that revision; a revision git does not know is a problem, not a skip.
 * ``examples``: see :mod:`errors.examples`.
 """
 
@@ -51,7 +55,7 @@ def id_problems(catalog: dict) -> list[tuple[str, str]]:
         basis = entry.get("id_basis", {}).get("input", "")
         if not basis.startswith(cat.ID_PREFIX) or entry["id"] != cat.id_of_basis(basis):
             problems.append((entry["id"], "id is not sha256/64 of id_basis.input"))
-        for name in (entry["id"], entry.get("slug"), *entry.get("aliases", [])):
+        for name in cat.names(entry):
             if name in owners and owners[name] != entry["id"]:
                 problems.append((entry["id"], f"{name!r} is also used by entry {owners[name]}"))
             owners.setdefault(name, entry["id"])
@@ -60,6 +64,22 @@ def id_problems(catalog: dict) -> list[tuple[str, str]]:
                 problems.append((entry["id"], "related to itself"))
             elif link["id"] not in ids:
                 problems.append((entry["id"], f"related id {link['id']} does not exist"))
+    return problems
+
+
+def upstream_problems(catalog: dict) -> list[tuple[str, str]]:
+    """Entries whose upstream note does not say which upstream version it was checked against."""
+    problems = []
+    for entry in catalog["errors"]:
+        upstream = entry.get("upstream")
+        if not upstream:
+            continue
+        given = [key for key in ("commit", "unpinned") if upstream.get(key)]
+        if not given:
+            problems.append((entry["id"], "the upstream note names no commit: add upstream.commit (the upstream "
+                             "commit it was checked against) or upstream.unpinned (why none can be named)"))
+        elif len(given) == 2:
+            problems.append((entry["id"], "upstream has both commit and unpinned; keep the one that is true"))
     return problems
 
 
@@ -79,18 +99,47 @@ def history_problems(catalog: dict, old_text: str) -> list[tuple[str, str]]:
             problems.append((entry["id"], f"old slug {entry.get('slug')} must stay as an alias"))
         if entry.get("status") == "removed" and new.get("status") != "removed":
             problems.append((entry["id"], "a removed entry came back; write a new entry instead"))
+        kept = {alias["id"] for alias in new.get("external_aliases", [])}
+        for alias in entry.get("external_aliases", []):
+            if alias.get("id") not in kept:
+                problems.append((entry["id"], f"external alias {alias.get('id')} was dropped; users paste it"))
     return problems
 
 
-def git_text(root: Path, revision: str, path: Path) -> Optional[str]:
-    """The file at ``revision`` (None when git, the revision or the file is not there)."""
+class NoHistory(Exception):
+    """There is no earlier catalog to compare with: the ``history`` rule is skipped, and says why."""
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise NoHistory(f"git cannot run: {exc.strerror or exc}") from None
+    except subprocess.TimeoutExpired:
+        raise ValueError("git did not answer within 60 s") from None
+
+
+def git_text(root: Path, revision: str, path: Path) -> str:
+    """The catalog file as it was at ``revision``.
+
+    ``NoHistory`` outside a git work tree, for a catalog outside ``root``, or where the file did not
+    exist at that revision; ``ValueError`` for a revision git does not know (a typo must not pass).
+    """
+    if not revision.strip() or revision.startswith("-"):
+        raise ValueError(f"{revision!r} is not a git revision")
     try:
         rel = path.resolve().relative_to(root.resolve()).as_posix()
-        result = subprocess.run(["git", "-C", str(root), "show", f"{revision}:{rel}"],
-                                capture_output=True, text=True, timeout=30)
-    except (ValueError, OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout if result.returncode == 0 else None
+    except ValueError:
+        raise NoHistory(f"the catalog is outside {root}") from None
+    if _git(root, "rev-parse", "--is-inside-work-tree").returncode != 0:
+        raise NoHistory(f"{root} is not a git work tree")
+    commit = _git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}")
+    if commit.returncode != 0:
+        raise ValueError(f"unknown git revision {revision!r}")
+    shown = _git(root, "show", f"{commit.stdout.strip()}:{rel}")
+    if shown.returncode != 0:
+        raise NoHistory(f"no catalog at {rel} in revision {revision}")
+    return shown.stdout
 
 
 def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_examples: bool = True,
@@ -100,9 +149,9 @@ def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_exam
     report = Report()
     root, catalog_path = Path(root), Path(catalog_path)
     try:
-        text = catalog_path.read_text(encoding="utf-8")
+        text = cat.read_text(catalog_path)
         catalog = cat.parse(text, str(catalog_path))
-    except (OSError, UnicodeDecodeError, cat.CatalogError) as exc:
+    except cat.CatalogError as exc:
         report.add("load", str(catalog_path), str(exc))
         report.seconds = time.perf_counter() - started
         return report
@@ -114,6 +163,8 @@ def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_exam
         return report
     for where, message in id_problems(catalog):
         report.add("ids", where, message)
+    for where, message in upstream_problems(catalog):
+        report.add("upstream", where, message)
 
     sites = scan_package(root)
     result = sync(catalog, sites, root)
@@ -135,12 +186,18 @@ def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_exam
         report.add("determinism", str(catalog_path), "the file differs from a fresh sync (run: python -m errors sync)")
 
     if base is not None:
-        old_text = git_text(root, base, catalog_path)
-        if old_text is None:
-            report.skipped.append(("history", base, "no catalog at this git revision"))
+        try:
+            old_text = git_text(root, base, catalog_path)
+        except NoHistory as exc:
+            report.skipped.append(("history", base, str(exc)))
+        except ValueError as exc:
+            report.add("history", base, str(exc))
         else:
-            for where, message in history_problems(catalog, old_text):
-                report.add("history", where, message)
+            try:
+                for where, message in history_problems(catalog, old_text):
+                    report.add("history", where, message)
+            except cat.CatalogError as exc:
+                report.add("history", base, str(exc))
 
     if run_examples:
         for entry in catalog["errors"]:

@@ -13,10 +13,19 @@ Template extraction (the message argument is the first positional argument of th
   the expression source (``tuple(x.shape)`` -> ``tuple_x_shape``). Literal braces are doubled.
 * plain literal ``"v_cache must be provided"``; ``"%s ..." % (a,)``; ``"{} ...".format(a)``.
 * a name bound earlier in the same function (``msg = f"..."; raise ValueError(msg)``): the last
-  assignment before the raise is followed.
+  assignment before the raise is followed; when that value is computed elsewhere, the template is the
+  name itself (``raise NotImplementedError(reason)`` -> ``{reason}``).
 * a module-level literal constant (``raise NotImplementedError(MESSAGE)``, or ``{MAX_SPLITS}`` inside
   an f-string) is inlined as the text it renders to.
 * anything else (a message computed elsewhere) is *dynamic*: the template is one placeholder.
+
+A placeholder is named after its expression, cut to :data:`MAX_NAME` characters (plus a short hash
+of the whole expression, so two long expressions keep distinct names).
+
+Robustness: files that are not regular files, are binary, too large, not decodable or not parsable
+(syntax errors, expressions nested too deeply) are reported as problems and skipped, never read
+twice or waited on. The scan is linear in the size of the tree: each function's annotations and
+assignments are collected once, however many raises it holds.
 
 Regex: literal text escaped, each placeholder a lazy ``(?P<name>.*?)`` group (a value may render empty) (a repeated expression
 becomes a back-reference), anchored ``\\A...\\Z`` with DOTALL. A placeholder is narrowed when its type
@@ -29,8 +38,14 @@ helper messages (``{name} must have dtype {dtype}``) from matching specific ones
 from __future__ import annotations
 
 import ast
+import bisect
+import hashlib
+import io
 import re
+import stat
 import string
+import tokenize
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
@@ -41,6 +56,10 @@ CATALOGUED_TYPES = ("ValueError", "TypeError", "NotImplementedError")
 SKIPPED_DIRS = {".git", ".venv", "venv", "__pycache__", "build", "dist", "site", "node_modules"}
 #: Lines of context kept before and after the raise statement in an excerpt (clipped to the function).
 EXCERPT_BEFORE, EXCERPT_AFTER = 4, 2
+#: Longest placeholder name taken from an expression (longer ones are cut and get a hash suffix).
+MAX_NAME = 40
+#: Largest source file scanned (bytes).
+MAX_SOURCE_BYTES = 16 * 1024 * 1024
 
 _INT = r"-?\d+"
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan)"
@@ -139,12 +158,22 @@ class RaiseSite:
         }
 
 
+class ScanError(Exception):
+    """Nothing could be scanned: the path is empty, missing, not a file or folder, or holds no
+    readable Python file."""
+
+
 def placeholder_name(expr: ast.expr) -> str:
-    """``x`` for a plain name, else a lower-case slug of the expression source."""
+    """``x`` for a plain name, else a lower-case slug of the expression source (at most
+    :data:`MAX_NAME` characters: a longer slug is cut and ends in 6 hex digits of its hash)."""
     if isinstance(expr, ast.Name):
         return expr.id
-    slug = re.sub(r"[^0-9A-Za-z]+", "_", ast.unparse(expr)).strip("_").lower()
-    return slug or "value"
+    source = ast.unparse(expr)
+    slug = re.sub(r"[^0-9A-Za-z]+", "_", source).strip("_").lower() or "value"
+    if len(slug) <= MAX_NAME:
+        return slug
+    digest = hashlib.sha256(source.encode("utf-8", "backslashreplace")).hexdigest()[:6]
+    return f"{slug[:MAX_NAME - 7].rstrip('_')}_{digest}"
 
 
 def _narrow(expr: ast.expr, spec: Optional[str], conversion: Optional[str], annotations: dict) -> str:
@@ -179,16 +208,19 @@ class _MessageReader:
 
     def __init__(self, annotations: dict, assignments: dict, constants: dict):
         self.annotations = annotations  # parameter name -> annotation source
-        self.assignments = assignments  # variable name -> [(line, value node)] in the function
+        self.assignments = assignments  # variable name -> ([line, ...] sorted, [value node, ...]) in the function
         self.constants = constants  # module-level NAME -> literal value (str, number, tuple, ...)
 
     def read(self, arg: Optional[ast.expr], line: int) -> Message:
+        """The message of ``arg`` as evaluated at ``line``."""
         if arg is None:
             return Message("none", [])
         if isinstance(arg, ast.Name):
-            earlier = [value for at, value in self.assignments.get(arg.id, []) if at < line]
-            if earlier:
-                return self.read(earlier[-1], line)
+            lines, values = self.assignments.get(arg.id, ((), ()))
+            before = bisect.bisect_left(lines, line)
+            if before:  # follow the last assignment before this line, as evaluated at its own line
+                followed = self.read(values[before - 1], lines[before - 1])
+                return followed if followed.kind != "dynamic" else self._dynamic(arg)
             if isinstance(self.constants.get(arg.id), str):
                 return Message("literal", [self.constants[arg.id]])
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
@@ -303,19 +335,18 @@ def _exception_name(node: ast.expr) -> Optional[str]:
 
 def catalogued_classes(trees: dict[str, ast.Module]) -> set[str]:
     """The catalogued built-in types plus every class of the trees deriving from one (transitively)."""
-    bases = {}
+    subclasses: dict = {}
     for module in trees.values():
         for node in ast.walk(module):
             if isinstance(node, ast.ClassDef):
-                bases[node.name] = {_exception_name(b) for b in node.bases}
-    known = set(CATALOGUED_TYPES)
-    grew = True
-    while grew:
-        grew = False
-        for name, parents in bases.items():
-            if name not in known and parents & known:
+                for base in node.bases:
+                    subclasses.setdefault(_exception_name(base), []).append(node.name)
+    known, todo = set(CATALOGUED_TYPES), deque(CATALOGUED_TYPES)
+    while todo:
+        for name in subclasses.get(todo.popleft(), []):
+            if name not in known:
                 known.add(name)
-                grew = True
+                todo.append(name)
     return known
 
 
@@ -326,6 +357,7 @@ class _SiteCollector(ast.NodeVisitor):
         self.path, self.lines, self.types, self.constants = path, lines, types, constants
         self.scope: list[ast.AST] = []
         self.sites: list[RaiseSite] = []
+        self._readers: dict = {}  # id(function node) -> its _MessageReader, built once per function
 
     def _enter(self, node):
         self.scope.append(node)
@@ -338,6 +370,12 @@ class _SiteCollector(ast.NodeVisitor):
         return next((n for n in reversed(self.scope) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
                     None)
 
+    def _reader(self, function) -> _MessageReader:
+        key = id(function)
+        if key not in self._readers:
+            self._readers[key] = _MessageReader(_annotations(function), _assignments(function), self.constants)
+        return self._readers[key]
+
     def visit_Raise(self, node: ast.Raise) -> None:
         name = _exception_name(node.exc) if node.exc is not None else None
         if name not in self.types:
@@ -345,8 +383,7 @@ class _SiteCollector(ast.NodeVisitor):
         function = self._function()
         call = node.exc if isinstance(node.exc, ast.Call) else None
         arg = call.args[0] if call is not None and call.args else None
-        reader = _MessageReader(_annotations(function), _assignments(function), self.constants)
-        message = reader.read(arg, node.lineno)
+        message = self._reader(function).read(arg, node.lineno)
         first = function.lineno if function is not None else 1
         last = function.end_lineno if function is not None else len(self.lines)
         start = max(first, node.lineno - EXCERPT_BEFORE)
@@ -392,22 +429,25 @@ def _annotations(function) -> dict:
 
 
 def _assignments(function) -> dict:
+    """``name -> ([line, ...], [value, ...])`` of the function's ``name = value`` statements, by line."""
     found: dict = {}
     if function is None:
         return found
     for node in ast.walk(function):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             found.setdefault(node.targets[0].id, []).append((node.lineno, node.value))
-    for values in found.values():
-        values.sort(key=lambda item: item[0])
-    return found
+    return {name: ([at for at, _ in items], [value for _, value in items])
+            for name, items in ((name, sorted(items, key=lambda item: item[0])) for name, items in found.items())}
 
 
 def python_files(root: Path, folders: Optional[list[str]] = None) -> Iterator[Path]:
-    """``*.py`` files under ``root`` (or under the given sub-folders), sorted, skipping build folders."""
+    """``*.py`` paths under ``root`` (or the given sub-folders or files), sorted, skipping build folders.
+
+    Every path found is yielded, also one that is not a regular file: :func:`scan` reports those.
+    """
     starts = [root / f for f in folders] if folders else [root]
     for start in starts:
-        if start.is_file():
+        if not start.is_dir():
             yield start
             continue
         for path in sorted(start.rglob("*.py")):
@@ -415,27 +455,93 @@ def python_files(root: Path, folders: Optional[list[str]] = None) -> Iterator[Pa
                 yield path
 
 
+def read_source(path: Path) -> str:
+    """The decoded text of a Python file (PEP 263 encoding, default UTF-8).
+
+    ``ValueError`` with a readable reason for anything but a regular, text, decodable file of at most
+    :data:`MAX_SOURCE_BYTES`; a FIFO or device is never opened.
+    """
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_SOURCE_BYTES:
+            raise ValueError(f"{info.st_size} bytes, more than {MAX_SOURCE_BYTES}")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(exc.strerror or str(exc)) from None
+    if b"\0" in data:
+        raise ValueError("a binary file, with NUL bytes")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not decodable as Python source ({type(exc).__name__}: {exc})") from None
+
+
+def _parse(path: Path) -> tuple[ast.Module, str]:
+    """The module and its text; ``ValueError`` with the reason it cannot be scanned."""
+    text = read_source(path)
+    try:
+        return ast.parse(text, filename=str(path)), text
+    except SyntaxError as exc:
+        raise ValueError(f"SyntaxError: {exc}") from None
+    except (RecursionError, MemoryError):
+        raise ValueError("an expression is nested too deeply to parse") from None
+
+
 def scan(root: Path, folders: Optional[list[str]] = None) -> tuple[list[RaiseSite], list[str]]:
     """All raise sites under ``root`` (optionally only in ``folders``), sorted by path and line.
 
     Returns ``(sites, problems)``; ``problems`` names files that could not be read or parsed.
     """
-    root = Path(root)
+    return scan_files(Path(root), list(python_files(Path(root), folders)))
+
+
+def scan_files(root: Path, paths: list[Path]) -> tuple[list[RaiseSite], list[str]]:
+    """:func:`scan` of the given files (paths under ``root``)."""
     trees, sources, problems = {}, {}, []
-    for path in python_files(root, folders):
+    for path in paths:
         rel = path.relative_to(root).as_posix() if path != root else path.name
         try:
-            text = path.read_text(encoding="utf-8")
-            trees[rel] = ast.parse(text, filename=str(path))
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
-            problems.append(f"{rel}: not scanned ({type(exc).__name__}: {exc})")
+            trees[rel], text = _parse(path)
+        except ValueError as exc:
+            problems.append(f"{rel}: not scanned ({exc})")
             continue
         sources[rel] = text.splitlines()
     types = catalogued_classes(trees)
     sites = []
     for rel, module in trees.items():
         collector = _SiteCollector(rel, sources[rel], types, module_constants(module))
-        collector.visit(module)
+        try:
+            collector.visit(module)
+        except RecursionError:
+            problems.append(f"{rel}: not scanned (an expression is nested too deeply to read)")
+            continue
         sites.extend(collector.sites)
     sites.sort(key=lambda s: (s.path, s.line))
+    return sites, problems
+
+
+def scan_path(path_text: str) -> tuple[list[RaiseSite], list[str]]:
+    """:func:`scan` of a file or folder named on the command line (paths relative to it, or to the
+    file's folder). ``ScanError`` when nothing could be scanned: the path is empty, missing, neither a
+    regular file nor a folder, holds no ``*.py`` file, or none of its files could be read or parsed."""
+    if not path_text.strip():
+        raise ScanError("the path is empty: give a Python file or a folder")
+    path = Path(path_text)
+    if path.is_dir():
+        root, paths = path, list(python_files(path))
+        if not paths:
+            raise ScanError(f"no Python files under {path_text}")
+    elif path.is_file():
+        root, paths = path.parent, [path]
+    elif path.exists() or path.is_symlink():
+        raise ScanError(f"{path_text} is neither a regular file nor a folder")
+    else:
+        raise ScanError(f"{path_text} does not exist")
+    sites, problems = scan_files(root, paths)
+    if len(problems) == len(paths):
+        raise ScanError(f"nothing could be scanned: {problems[0]}" if len(paths) == 1 else
+                        f"nothing could be scanned: none of the {len(paths)} files could be read ({problems[0]}; ...)")
     return sites, problems

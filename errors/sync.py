@@ -21,8 +21,11 @@ needs ``status: removed``.
 from __future__ import annotations
 
 import copy
+import os
 import re
+import tempfile
 import tomllib
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -60,18 +63,19 @@ def _pair(entries: list[dict], sites: list[RaiseSite]):
     for step, (entry_key, site_key) in enumerate(zip(keys, site_keys)):
         by_key: dict = {}
         for site in sites:
-            by_key.setdefault(site_key(site), []).append(site)
-        kept = []
+            by_key.setdefault(site_key(site), deque()).append(site)
+        entries_per_key = Counter(entry_key(e) for e in entries)
+        kept, paired = [], set()
         for entry in sorted(entries, key=lambda e: (e["source"]["path"], e["source"]["line"])):
-            candidates = by_key.get(entry_key(entry), [])
-            unique = step < 2 or (len(candidates) == 1 and sum(entry_key(e) == entry_key(entry) for e in entries) == 1)
+            candidates = by_key.get(entry_key(entry), ())
+            unique = step < 2 or (len(candidates) == 1 and entries_per_key[entry_key(entry)] == 1)
             if candidates and unique:
-                site = candidates.pop(0)
+                site = candidates.popleft()
                 pairs.append((entry, site))
-                sites.remove(site)
+                paired.add(id(site))
             else:
                 kept.append(entry)
-        entries = kept
+        entries, sites = kept, [s for s in sites if id(s) not in paired]
     return pairs, sites, entries
 
 
@@ -126,8 +130,12 @@ def describe_site(site: RaiseSite) -> str:
 
 
 def sync_file(path: Path = cat.CATALOG_PATH, root: Path = cat.ROOT) -> tuple[SyncResult, bool]:
-    """Sync the catalog file in place; returns the result and whether the file changed."""
-    text = Path(path).read_text(encoding="utf-8")
+    """Sync the catalog file in place; returns the result and whether the file changed.
+
+    ``CatalogError`` (and the file untouched) when it cannot be read or is not a valid catalog. The
+    new text replaces the file in one step (write a sibling, then rename), never half-written.
+    """
+    text = cat.read_text(path)
     catalog = cat.parse(text, str(path))
     problems = cat.schema_problems(catalog)
     if problems:
@@ -135,5 +143,21 @@ def sync_file(path: Path = cat.CATALOG_PATH, root: Path = cat.ROOT) -> tuple[Syn
     result = sync(catalog, scan_package(root), root)
     new_text = cat.dumps(result.catalog)
     if new_text != text:
-        Path(path).write_text(new_text, encoding="utf-8")
+        try:
+            _replace(Path(path), new_text)
+        except OSError as exc:
+            raise cat.CatalogError(f"cannot write the catalog {path}: {exc.strerror or exc}") from None
     return result, new_text != text
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling of ``path``, then rename it over ``path``."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(temporary, path.stat().st_mode & 0o777)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -6,12 +6,13 @@ real catalog is never touched. Examples are not run here (they are covered by te
 
 import copy
 import json
+import subprocess
 import textwrap
 
 import pytest
 
 from errors import catalog as cat
-from errors.check import check, history_problems
+from errors.check import NoHistory, check, git_text, history_problems
 from errors.sync import scan_package, sync, sync_file
 
 SOURCE = textwrap.dedent('''\
@@ -156,3 +157,77 @@ def test_the_shipped_catalog_detects_a_tampered_line(tmp_path):
     path.write_text(cat.dumps(catalog))
     rules = {rule for rule, _, _ in check(catalog_path=path, run_examples=False, base=None).problems}
     assert rules == {"derived", "determinism"}
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+                   check=True, capture_output=True, timeout=60)
+
+
+def test_history_base_unknown_revision_fails_and_no_repository_skips(project):
+    root, path = project
+    report = check(root, path, run_examples=False, base="HEAD")
+    assert report.ok and [rule for rule, _, _ in report.skipped] == ["history"]
+    assert "not a git work tree" in report.skipped[0][2]
+    _git(root, "init", "-q")
+    _git(root, "add", "catalog.json")
+    _git(root, "commit", "-q", "-m", "catalog")
+    assert check(root, path, run_examples=False, base="HEAD").skipped == []
+    for revision in ("no-such-revision", "--output=/tmp/x", ""):
+        problems = check(root, path, run_examples=False, base=revision).problems
+        assert [rule for rule, _, _ in problems] == ["history"], revision
+    with pytest.raises(ValueError, match="unknown git revision 'no-such-revision'"):
+        git_text(root, "no-such-revision", path)
+    with pytest.raises(NoHistory, match="no catalog at"):
+        git_text(root, "HEAD", root / "attn_ref" / "mod.py.json")
+
+
+def _with_upstream(path, **fields):
+    catalog = json.loads(path.read_text())
+    catalog["errors"][0]["upstream"] = {"repository": "sgl-project/sglang", "path": "x.py", "function": "f",
+                                        "note": "Same message.", **fields}
+    path.write_text(cat.dumps(catalog))
+
+
+@pytest.mark.parametrize("fields, ok", [({}, False), ({"commit": "3f1d78438341015afc5ad309b63713c5c68f8de0"}, True),
+                                        ({"unpinned": "the spec pins no commit"}, True),
+                                        ({"commit": "3f1d78438341015afc5ad309b63713c5c68f8de0", "unpinned": "x"}, False)])
+def test_upstream_notes_say_what_they_were_checked_against(project, fields, ok):
+    root, path = project
+    _with_upstream(path, **fields)
+    sync_file(path, root)
+    assert _rules(root, path) == ([] if ok else ["upstream"])
+
+
+def test_external_aliases_are_kept_by_sync_unique_and_never_dropped(project):
+    root, path = project
+    catalog = json.loads(path.read_text())
+    alias = {"id": "f0e8c28e3c1dd042", "source": "sglang error-explanation page"}
+    catalog["errors"][0]["external_aliases"] = [alias]
+    path.write_text(cat.dumps(catalog))
+    old_text = path.read_text()
+    _edit(root, "def check_n", "# moves every line\ndef check_n")
+    sync_file(path, root)
+    synced = json.loads(path.read_text())
+    assert synced["errors"][0]["external_aliases"] == [alias] and _rules(root, path) == []
+    assert cat.get("f0e8c28e3c1dd042", synced) == synced["errors"][0]
+    taken = copy.deepcopy(synced)
+    taken["errors"][1]["external_aliases"] = [dict(alias, source="someone else")]
+    path.write_text(cat.dumps(taken))
+    assert _rules(root, path) == ["ids"]
+    dropped = copy.deepcopy(synced)
+    del dropped["errors"][0]["external_aliases"]
+    assert "external alias f0e8c28e3c1dd042 was dropped" in history_problems(dropped, old_text)[0][1]
+    bad = copy.deepcopy(synced)
+    bad["errors"][0]["external_aliases"] = [{"id": "not-hex", "source": "x"}]
+    path.write_text(cat.dumps(bad))
+    assert _rules(root, path) == ["schema"]
+
+
+def test_duplicated_id_is_named_as_such(project):
+    root, path = project
+    catalog = json.loads(path.read_text())
+    catalog["errors"].append(copy.deepcopy(catalog["errors"][0]))
+    path.write_text(json.dumps(catalog))
+    (problem,) = check(root, path, run_examples=False, base=None).problems
+    assert problem[0] == "load" and f"duplicate id '{catalog['errors'][0]['id']}'" in problem[2]

@@ -5,6 +5,7 @@ import torch
 
 import errors
 from attn_ref import flash_attn_with_kvcache
+from errors.catalog import DOCS_URL_ENV
 from errors.notes import ENV_VAR, catalogued
 
 
@@ -15,12 +16,28 @@ def _q_none_error():
     return info.value
 
 
-def test_note_carries_id_and_docs_url_and_message_is_unchanged():
+def test_note_names_the_offline_command_and_the_docs_url_and_message_is_unchanged(monkeypatch):
+    monkeypatch.delenv(DOCS_URL_ENV, raising=False)
     exc = _q_none_error()
     entry = errors.get("kvcache/q-none-without-only-qv")
     assert str(exc) == "q can only be None when only_qv=True"
-    assert exc.__notes__ == [f"attn-ref error {entry['id']}: {entry['slug']}, see {entry['docs_url']}"]
+    assert exc.__notes__ == [f"attn-ref error {entry['id']}: {entry['slug']}; run `python -m errors explain "
+                             f"{entry['id']}` or see {entry['docs_url']}"]
     assert entry["docs_url"] == f"https://attn-ref.github.io/attn-ref/errors/{entry['id']}/"
+    assert errors.lookup(exc.__notes__[0]) is entry  # the note pasted back finds its entry
+
+
+@pytest.mark.parametrize("setting, link", [("http://localhost:8000/attn-ref/", "http://localhost:8000/attn-ref/errors/"),
+                                           ("file:///opt/site", "file:///opt/site/errors/"), ("", None)])
+def test_docs_url_of_the_note_is_configurable(monkeypatch, setting, link):
+    monkeypatch.setenv(DOCS_URL_ENV, setting)
+    entry = errors.get("kvcache/q-none-without-only-qv")
+    (note,) = _q_none_error().__notes__
+    command = f"run `python -m errors explain {entry['id']}`"
+    assert note.endswith(f"{command} or see {link}{entry['id']}/" if link else command)
+    header = errors.explain(entry["id"]).splitlines()[2]
+    assert (f"{link}{entry['id']}/" in header) if link else ("http" not in header)
+    assert entry["docs_url"].startswith("https://attn-ref.github.io/")  # the stored field keeps the published site
 
 
 def test_environment_variable_turns_notes_off(monkeypatch):

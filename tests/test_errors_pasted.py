@@ -1,0 +1,105 @@
+"""What users paste: ``errors.lookup`` and ``python -m errors explain`` read the same inputs.
+
+A traceback (the last exception counts), a ``Type: message`` line, an attn-ref note, a docs URL,
+an id, slug or external alias id (the sglang error-explanation pages), or a bare message.
+"""
+
+import io
+
+import pytest
+
+import errors
+from errors.__main__ import main
+from errors.pasted import read
+
+Q_NONE = "q can only be None when only_qv=True"
+CAPACITY = "batch entry 0: cache_seqlens (8) + new tokens (1) exceeds the cache capacity (8 tokens per sequence)"
+Q_NONE_ID = errors.get("kvcache/q-none-without-only-qv")["id"]
+SP_NOT_A_TENSOR_ID = errors.get("sequence-parallel/not-a-tensor")["id"]
+
+CHAINED_TRACEBACK = f"""\
+Traceback (most recent call last):
+  File "model.py", line 12, in step
+    out = attend(q, k, v)
+  File "model.py", line 3, in attend
+    raise RuntimeError("Expected 4D tensors")
+RuntimeError: Expected 4D tensors
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "model.py", line 14, in step
+    out = flash_attn_with_kvcache(None, kc, vc)
+  File "/site-packages/attn_ref/kvcache.py", line 88, in flash_attn_with_kvcache
+    check_kvcache_args(...)
+ValueError: {Q_NONE}
+"""
+# Two sites raise this exact text; only the note (attached at the raise) tells them apart.
+NOTED_TRACEBACK = f"""\
+Traceback (most recent call last):
+  File "train.py", line 5, in <module>
+    ring_attention([1.0], k, v)
+TypeError: q must be a torch.Tensor, got list
+attn-ref error {SP_NOT_A_TENSOR_ID}: sequence-parallel/not-a-tensor; run `python -m errors explain {SP_NOT_A_TENSOR_ID}`
+"""
+
+PASTES = [
+    (f"ValueError: {Q_NONE}", "kvcache/q-none-without-only-qv"),
+    (f"builtins.ValueError: {Q_NONE}", "kvcache/q-none-without-only-qv"),
+    (f"E       ValueError: {CAPACITY}", "kv-cache/capacity-exceeded"),
+    (f"ValueError('{Q_NONE}')", "kvcache/q-none-without-only-qv"),
+    (CHAINED_TRACEBACK, "kvcache/q-none-without-only-qv"),
+    (NOTED_TRACEBACK, "sequence-parallel/not-a-tensor"),
+    (f"attn-ref error {Q_NONE_ID}: kvcache/q-none-without-only-qv, see https://example.org/", "kvcache/q-none-without-only-qv"),
+    (f"https://attn-ref.github.io/attn-ref/errors/{Q_NONE_ID}/", "kvcache/q-none-without-only-qv"),
+    (f"https://attn-ref.github.io/attn-ref/api/errors/{Q_NONE_ID}.json", "kvcache/q-none-without-only-qv"),
+    ("f0e8c28e3c1dd042", "kvcache/q-none-without-only-qv"),
+    ("7da82cf0c0998327", "sequence-parallel/replicated-qkv-together"),
+    ("AssertionError: v_cache must have contiguous last dimension", "arguments/non-contiguous-last-dim"),
+    (f"  {CAPACITY}\n", "kv-cache/capacity-exceeded"),
+]
+
+
+@pytest.mark.parametrize("text, slug", PASTES, ids=[f"paste{i}" for i in range(len(PASTES))])
+def test_lookup_and_explain_read_what_users_paste(capsys, monkeypatch, text, slug):
+    assert errors.lookup(text)["slug"] == slug
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    assert main(["explain", "-"]) == 0
+    assert capsys.readouterr().out.startswith(f"# {slug}:")
+
+
+def test_external_aliases_are_recorded_and_shown():
+    entry = errors.get("f0e8c28e3c1dd042")
+    assert entry["external_aliases"] == [{"id": "f0e8c28e3c1dd042", "source": "sglang error-explanation page"}]
+    assert entry["message"]["template"] == Q_NONE
+    replicated = errors.get("7da82cf0c0998327")
+    assert replicated["message"]["template"] == "Replicated Q, K, and V must be provided together."
+    assert "Also known as `7da82cf0c0998327` (sglang error-explanation page)." in errors.explain("7da82cf0c0998327")
+
+
+def test_the_last_exception_line_counts_and_unknown_notes_are_ignored():
+    said = read(CHAINED_TRACEBACK)
+    assert (said.id, said.exception_type, said.messages) == (None, "ValueError", [Q_NONE])
+    # a multi-line message, then a note from someone else: every prefix is a candidate, longest first
+    said = read("ValueError: first line\nsecond line\nsome other library's note\n")
+    assert said.messages == ["first line\nsecond line\nsome other library's note", "first line\nsecond line",
+                             "first line"]
+    # a note that belongs to an earlier exception of a chain does not count for the last one
+    earlier_note = NOTED_TRACEBACK + "\nDuring handling of the above exception, another exception occurred:\n\n" + \
+        f"ValueError: {Q_NONE}\n"
+    assert read(earlier_note).id is None and errors.lookup(earlier_note)["slug"] == "kvcache/q-none-without-only-qv"
+
+
+@pytest.mark.parametrize("text", ["ValueError: a message nobody raises", "Traceback (most recent call last):\n",
+                                  "ValueError", "https://example.org/errors/0123456789abcdef/"])
+def test_pastes_that_fit_nothing(capsys, text):
+    assert errors.lookup(text) is None
+    assert main(["explain", text]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no catalog entry matches") and err.count("\n") == 1
+
+
+def test_empty_stdin_is_an_empty_query(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\n")))
+    assert main(["explain", "-"]) == 1
+    assert capsys.readouterr().err.startswith("error: the query is empty")

@@ -299,10 +299,11 @@ def lookup(query: Union[str, BaseException], catalog: Optional[dict] = None) -> 
         except KeyError:
             pass
     for message in said.messages:
+        found = match(message, catalog=catalog)
         # the pasted type first; then any type (sglang asserts some of these messages, FA3 raises RuntimeError)
-        found = match(message, said.exception_type, catalog) or match(message, catalog=catalog)
+        typed = [e for e in found if e["exception"]["type"] == said.exception_type]
         if found:
-            return found[0]
+            return (typed or found)[0]
     return None
 
 

@@ -30,6 +30,9 @@ NOTE_PREFIX = "attn-ref error "
 MAX_CHARS = 200_000
 #: Lines after an exception line that may still belong to its message.
 MAX_MESSAGE_LINES = 20
+#: Longest candidate message (characters): catalogued messages are far shorter, and matching the
+#: catalog's regexes against a longer text only costs time.
+MAX_MESSAGE_CHARS = 20_000
 
 _NOTE = re.compile(re.escape(NOTE_PREFIX) + r"([0-9a-f]{16})\b")
 _URL_ID = re.compile(r"\Ahttps?://\S*?([0-9a-f]{16})(?:/|\.json|\.html)?(?:[?#]\S*)?\Z")
@@ -57,15 +60,19 @@ def read(text: str) -> Pasted:
     if as_repr:
         message = _literal_str(as_repr.group("args"))
         if message is not None:
-            return Pasted(exception_type=as_repr.group("type"), messages=[message])
+            return Pasted(exception_type=as_repr.group("type"), messages=_short([message]))
     lines = text.splitlines()
     last = max((i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)), default=None)
     if last is None:
         note = _last_note(lines)
-        return Pasted(id=note, messages=[text] if note is None else [])
+        return Pasted(id=note, messages=_short([text]) if note is None else [])
     line = _EXCEPTION_LINE.match(lines[last])
     return Pasted(id=_last_note(lines[last + 1:]), exception_type=line.group("type"),
-                  messages=_messages(line, lines[last + 1:]))
+                  messages=_short(_messages(line, lines[last + 1:])))
+
+
+def _short(messages: list[str]) -> list[str]:
+    return [m for m in messages if len(m) <= MAX_MESSAGE_CHARS]
 
 
 def _last_note(lines: list[str]) -> Optional[str]:

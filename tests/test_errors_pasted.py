@@ -5,6 +5,7 @@ an id, slug or external alias id (the sglang error-explanation pages), or a bare
 """
 
 import io
+import time
 
 import pytest
 
@@ -103,3 +104,9 @@ def test_empty_stdin_is_an_empty_query(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\n")))
     assert main(["explain", "-"]) == 1
     assert capsys.readouterr().err.startswith("error: the query is empty")
+
+
+def test_a_huge_paste_is_answered_quickly():
+    started = time.perf_counter()
+    assert errors.lookup("ValueError: " + "batch entry 0: cache_seqlens (" * 5000) is None  # 150,000 characters
+    assert time.perf_counter() - started < 5  # about 20 s when the whole line went to the regexes

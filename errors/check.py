@@ -112,7 +112,8 @@ class NoHistory(Exception):
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, errors="replace",
+                              timeout=60)
     except OSError as exc:
         raise NoHistory(f"git cannot run: {exc.strerror or exc}") from None
     except subprocess.TimeoutExpired:

@@ -8,7 +8,9 @@ backend is bound to the kernels:
   a dense cache, bottom-right causal);
 * merge of partial states (ring steps, replicated K/V): :func:`kernels.merge_attention_states`.
 
-Everything else (groups, collectives, layouts, the launcher) is re-exported unchanged.
+The ring-flash-attention entry points (``ring_flash_attn_func`` and the rest) are the reference's,
+bound to this backend. Everything else (groups, collectives, layouts, the launcher) is re-exported
+unchanged.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from attn_ref import sequence_parallel as _sp
 from attn_ref.sequence_parallel import (  # noqa: F401 - re-exported: same API as attn_ref's
+    CHECK_RANKS_ENV,
+    SELF_GROUP,
     AttentionBackend,
     RingExchange,
     SequenceParallelGroups,
@@ -33,6 +36,9 @@ from attn_ref.sequence_parallel import (  # noqa: F401 - re-exported: same API a
     shard_sequence,
     unshard_sequence,
 )
+
+from attn_ref.sequence_parallel.comm import Group
+from attn_ref.sequence_parallel.ring_flash_attn import with_backend
 
 from .kvcache import flash_attn_with_kvcache
 from .merge import merge_attention_states
@@ -57,7 +63,7 @@ def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    group: Optional[dist.ProcessGroup] = None,
+    group: Group = None,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
     zigzag: bool = False,
@@ -66,8 +72,18 @@ def ring_attention(
     return _sp.ring_attention(q, k, v, group, softmax_scale, causal, zigzag, backend=KERNEL_BACKEND)
 
 
+ring_flash_attn_func = with_backend(_sp.ring_flash_attn_func, KERNEL_BACKEND)
+ring_flash_attn_kvpacked_func = with_backend(_sp.ring_flash_attn_kvpacked_func, KERNEL_BACKEND)
+ring_flash_attn_qkvpacked_func = with_backend(_sp.ring_flash_attn_qkvpacked_func, KERNEL_BACKEND)
+zigzag_ring_flash_attn_func = with_backend(_sp.zigzag_ring_flash_attn_func, KERNEL_BACKEND)
+zigzag_ring_flash_attn_kvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_kvpacked_func, KERNEL_BACKEND)
+zigzag_ring_flash_attn_qkvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_qkvpacked_func, KERNEL_BACKEND)
+
+
 __all__ = [
+    "CHECK_RANKS_ENV",
     "KERNEL_BACKEND",
+    "SELF_GROUP",
     "AttentionBackend",
     "RingExchange",
     "SequenceParallelGroups",
@@ -80,7 +96,13 @@ __all__ = [
     "init_sequence_parallel_groups",
     "launch",
     "ring_attention",
+    "ring_flash_attn_func",
+    "ring_flash_attn_kvpacked_func",
+    "ring_flash_attn_qkvpacked_func",
     "shard_positions",
     "shard_sequence",
     "unshard_sequence",
+    "zigzag_ring_flash_attn_func",
+    "zigzag_ring_flash_attn_kvpacked_func",
+    "zigzag_ring_flash_attn_qkvpacked_func",
 ]

@@ -1,12 +1,13 @@
 """The local launcher: a failing rank or a hang ends the run with an error instead of blocking it.
 
-Three small spawns of 2 gloo ranks. (Successful runs and their per-rank results are exercised by
+Four small spawns of 2 gloo ranks. (Successful runs and their per-rank results are exercised by
 :mod:`test_sequence_parallel_ranks`.)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
@@ -25,6 +26,13 @@ def fail_on_rank_one_while_rank_zero_waits() -> None:
 
 def sleep_forever() -> None:
     time.sleep(600)
+
+
+def exit_zero_on_rank_one() -> int:
+    """Rank 1 calls ``sys.exit(0)``: that ends rank 1 (a failure of that rank), not the caller."""
+    if dist.get_rank() == 1:
+        sys.exit(0)
+    return dist.get_rank()
 
 
 def crash_on_rank_one() -> int:
@@ -53,3 +61,12 @@ def test_a_hang_raises_timeout_error():
 def test_a_rank_that_dies_silently_raises_child_process_error():
     with pytest.raises(ChildProcessError, match=r"rank 1 exited with code 3 without reporting a result"):
         sp.launch(crash_on_rank_one, 2, timeout_s=60)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_calling_sys_exit_is_a_failure_of_that_rank():
+    with pytest.raises(ChildProcessError) as info:
+        sp.launch(exit_zero_on_rank_one, 2, timeout_s=60)
+    assert str(info.value) == "rank 1 of 2 ended with SystemExit: 0"
+    assert isinstance(info.value.__cause__, SystemExit)
+    assert any("--- rank 1 of 2 ---" in note and "sys.exit(0)" in note for note in info.value.__notes__)

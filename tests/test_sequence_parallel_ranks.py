@@ -268,9 +268,26 @@ def error_cases(world: int) -> list[ErrorCase]:
                   lambda api, g: _ulysses(api, g, w, causal=True, **kv_gather)),
         ErrorCase("ulysses-varlen-replicated", ValueError, "Varlen Ulysses attention does not support replicated QKV",
                   lambda api, g: _ulysses(api, g, w)(*_qkv(), *rep, seq_lens=[8] * w)),
+        # sglang's AllToAll4D text, before the replicated tensors are checked (sglang's order)
         ErrorCase("ulysses-heads-not-divisible", ValueError,
-                  rf"num_heads \({odd}\) must be divisible by the sequence parallel world size \({w}\)",
-                  lambda api, g: _ulysses(api, g, w, h=odd, hkv=odd)(*_qkv(odd, odd))),
+                  rf"\Ahead dimension \({odd}\) must be divisible by sequence parallel world size \({w}\)\Z",
+                  lambda api, g: _ulysses(api, g, w, h=odd, hkv=odd)(*_qkv(odd, odd), rep[0], None, None)),
+        # varlen: usp.py's order, length, then this rank's entry, then its heads text
+        ErrorCase("ulysses-varlen-heads", ValueError, rf"\Ah_global \({odd}\) must be divisible by world_size \({w}\)\Z",
+                  lambda api, g: _ulysses(api, g, w, h=odd, hkv=odd)(*_qkv(odd, odd), seq_lens=[8] * w)),
+        ErrorCase("ulysses-varlen-length-before-heads", ValueError, rf"seq_lens must have length {w}, got 1",
+                  lambda api, g: _ulysses(api, g, w, h=odd, hkv=odd)(*_qkv(odd, odd), seq_lens=[8])),
+        ErrorCase("ulysses-seq-lens-not-list", TypeError, r"seq_lens must be a list of ints, got str",
+                  lambda api, g: _ulysses(api, g, w)(*_qkv(), seq_lens="8")),
+        ErrorCase("ulysses-seq-lens-not-ints", ValueError, r"seq_lens must hold non-negative ints, got \[8\.0, 8",
+                  lambda api, g: _ulysses(api, g, w)(*_qkv(), seq_lens=[8.0] + [8] * (w - 1))),
+        # USP: the replicated-mode check comes before usp.py's heads assert
+        ErrorCase("usp-modes-before-heads", ValueError,
+                  re.escape("USPAttention supports at most one replicated-token mode per call."),
+                  lambda api, g: api.USPAttention(odd, HEAD_DIM, groups=g(w, 1))(
+                      *_qkv(odd, odd), num_replicated_prefix=1, num_replicated_suffix=1)),
+        ErrorCase("usp-heads", ValueError, rf"\Ah_global \({odd}\) must be divisible by world_size \({w}\)\Z",
+                  lambda api, g: api.USPAttention(odd, HEAD_DIM, groups=g(w, 1))(*_qkv(odd, odd))),
         ErrorCase("ulysses-kv-heads-not-divisible", ValueError,
                   r"num_kv_heads \(1\) must be divisible by the sequence parallel world size",
                   lambda api, g: _ulysses(api, g, w, h=4, hkv=1)(*_qkv(4, 1))),

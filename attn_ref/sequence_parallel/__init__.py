@@ -8,7 +8,10 @@ rank holds whole are counted once.
 * :class:`UlyssesAttention`: sglang's all-to-all (sequence <-> heads) and K/V-gather modes.
 * :class:`USPAttention`: Ulysses inside groups x ring across them, zigzag load balancing for causal.
 * :func:`ring_attention`: the ring on its own, with the stable fp32 LSE merge.
-* Collectives: :func:`all_to_all_4d`, :func:`all_gather`, :class:`RingExchange`.
+* ring-flash-attention's entry points on that ring: :func:`ring_flash_attn_func`,
+  :func:`zigzag_ring_flash_attn_func` and their ``_kvpacked_func`` / ``_qkvpacked_func`` variants.
+* Collectives: :func:`all_to_all_4d`, :func:`all_gather`, :class:`RingExchange`. ``group=None`` is
+  the default group (the world), as in ``torch.distributed``; :data:`SELF_GROUP` is this rank alone.
 * :func:`init_sequence_parallel_groups` / :class:`SequenceParallelGroups`: the group layout.
 * :func:`launch`: run a function on N local ranks (gloo on CPU, NCCL on GPUs).
 
@@ -19,7 +22,12 @@ Deliberate differences from sglang's ``layer.py`` / ``usp.py`` (the facts follow
 project's sequence-parallel spec):
 
 * Groups and the SP mode are arguments (``groups=``, ``sp_attention_mode=``), not global state or
-  server arguments; ``"auto"`` plays the role of ``sp_split_auto``.
+  server arguments; ``"auto"`` plays the role of ``sp_split_auto``. The constructors take sglang's
+  arguments in sglang's order (``supported_attention_backends``, ``prefix`` and ``**extra_impl_args``
+  are kept, not used; USP's ``dropout_rate`` must be 0) and these keyword-only ones after them.
+* Every rank of a group checks that all ranks made the same call (one small all-gather per call,
+  :mod:`.agreement`; ``ATTN_REF_SP_CHECK_RANKS=0`` turns it off), so ranks that disagree all raise
+  the same error instead of one aborting inside a collective.
 * Upstream ``assert`` s and the ``AllToAll4D`` ``RuntimeError`` are ``ValueError`` s with the same
   text; every check runs before the first collective (:mod:`.checks`).
 * "Replicated Q, K, and V must be provided together." is raised on the Ulysses path too (sglang
@@ -30,21 +38,31 @@ project's sequence-parallel spec):
   pair is masked by its place in the global sequence); sglang's ring relies on the backend's
   pre-configured mask. It checks "at most one replicated mode" at every SP size, also 1.
 * Not implemented: attention masks / padding metadata, varlen USP, the segmented ``q_prefix``
-  inputs, ``skip_sequence_parallel``, K/V gather inside USPAttention, UlyssesAttention_VSA, and
-  autograd (forward only).
+  inputs, K/V gather inside USPAttention, UlyssesAttention_VSA, dropout, and autograd (forward only).
 """
 
 from .backend import REFERENCE_BACKEND, AttentionBackend
-from .comm import RingExchange, all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
+from .agreement import CHECK_RANKS_ENV
+from .comm import SELF_GROUP, RingExchange, all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
 from .groups import SequenceParallelGroups, init_sequence_parallel_groups
 from .launch import launch
 from .layout import shard_positions, shard_sequence, unshard_sequence
 from .ring import ring_attention
+from .ring_flash_attn import (
+    ring_flash_attn_func,
+    ring_flash_attn_kvpacked_func,
+    ring_flash_attn_qkvpacked_func,
+    zigzag_ring_flash_attn_func,
+    zigzag_ring_flash_attn_kvpacked_func,
+    zigzag_ring_flash_attn_qkvpacked_func,
+)
 from .ulysses import UlyssesAttention
 from .usp import USPAttention
 
 __all__ = [
+    "CHECK_RANKS_ENV",
     "REFERENCE_BACKEND",
+    "SELF_GROUP",
     "AttentionBackend",
     "RingExchange",
     "SequenceParallelGroups",
@@ -57,7 +75,13 @@ __all__ = [
     "init_sequence_parallel_groups",
     "launch",
     "ring_attention",
+    "ring_flash_attn_func",
+    "ring_flash_attn_kvpacked_func",
+    "ring_flash_attn_qkvpacked_func",
     "shard_positions",
     "shard_sequence",
     "unshard_sequence",
+    "zigzag_ring_flash_attn_func",
+    "zigzag_ring_flash_attn_kvpacked_func",
+    "zigzag_ring_flash_attn_qkvpacked_func",
 ]

@@ -31,6 +31,9 @@ ULYSSES_RING_MESSAGE = (
 
 SP_ATTENTION_MODES = ("ulysses", "kv_gather", "auto")
 
+#: The longest run :func:`~attn_ref.sequence_parallel.launch` accepts (about 116 days; ``inf`` is refused).
+MAX_TIMEOUT_S = 10_000_000
+
 
 # ---------------------------------------------------------------------------------------------------
 # Numbers
@@ -113,14 +116,18 @@ def check_sp_attention_mode(mode: object, causal: bool) -> None:
 
 
 def check_seq_lens(seq_lens: Sequence[int], world_size: int) -> list[int]:
-    """``seq_lens``: one non-negative int per rank of the group (the local sequence lengths)."""
+    """``seq_lens``: one local sequence length per rank of the group (its values: :func:`check_seq_lens_values`)."""
     if isinstance(seq_lens, torch.Tensor) or not isinstance(seq_lens, (list, tuple)):
         raise TypeError(f"seq_lens must be a list of ints, got {type(seq_lens).__name__}")
     if len(seq_lens) != world_size:
         raise ValueError(f"seq_lens must have length {world_size}, got {len(seq_lens)}")
+    return list(seq_lens)
+
+
+def check_seq_lens_values(seq_lens: list) -> None:
+    """Every local length is an int >= 0 (this package's check, after upstream's ``usp.py`` asserts)."""
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in seq_lens):
         raise ValueError(f"seq_lens must hold non-negative ints, got {list(seq_lens)}")
-    return list(seq_lens)
 
 
 def check_local_seq_len(q: torch.Tensor, seq_lens: list[int], rank: int) -> None:
@@ -144,15 +151,14 @@ def check_all_to_all_4d(
     if seq_lens is not None:
         seq_lens = check_seq_lens(seq_lens, world_size)
     if scatter_dim == 2:  # sequence shards -> head shards
-        hn = x.shape[2]
-        if hn % world_size:
-            raise ValueError(
-                f"head dimension ({hn}) must be divisible by sequence parallel world size ({world_size})"
-            )
+        check_heads_split(x.shape[2], world_size)
         if seq_lens is not None:
             check_local_seq_len(x, seq_lens, rank)
+            check_seq_lens_values(seq_lens)
     else:  # head shards -> sequence shards
         seqlen = x.shape[1]
+        if seq_lens is not None:
+            check_seq_lens_values(seq_lens)
         if seq_lens is None and seqlen % world_size:
             raise ValueError(
                 f"sequence dimension ({seqlen}) must be divisible by sequence parallel world size ({world_size})"
@@ -161,10 +167,42 @@ def check_all_to_all_4d(
             raise ValueError(f"s_global ({seqlen}) must equal sum(seq_lens) ({sum(seq_lens)})")
 
 
+def check_heads_split(hn: int, world_size: int) -> None:
+    """``AllToAll4D``'s assert: the heads split evenly over the group (UlyssesAttention's q heads)."""
+    if hn % world_size:
+        raise ValueError(f"head dimension ({hn}) must be divisible by sequence parallel world size ({world_size})")
+
+
+def check_usp_heads_split(h_global: int, world_size: int) -> None:
+    """``usp.py``'s ``_usp_input_all_to_all`` assert: the heads split evenly over the Ulysses group."""
+    if h_global % world_size:
+        raise ValueError(f"h_global ({h_global}) must be divisible by world_size ({world_size})")
+
+
 def check_gather_dim(x: torch.Tensor, dim: int) -> None:
     """Upstream ``GroupCoordinator.all_gather``'s assert."""
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"Invalid dim ({dim}) for input tensor with shape {x.size()}")
+
+
+def check_ranks_agree(summaries: Sequence[tuple[str, dict, Optional[str]]]) -> None:
+    """Every rank of the group made the same call: ``(call, fields, error or None)`` per rank, gathered.
+
+    Names the first thing that differs: the entry point, a field (in the call's order), or the error
+    the ranks' own checks raised. Every rank holds the same list, so every rank raises the same error.
+    """
+    calls, fields, outcomes = zip(*summaries)
+    names = list(fields[0]) if len(set(calls)) == 1 else []
+    candidates = [("the call", list(calls))]
+    candidates += [(name, [f.get(name) for f in fields]) for name in names]
+    candidates += [("the outcome of the argument checks", [o or "no error" for o in outcomes])]
+    for what, values in candidates:
+        if any(value != values[0] for value in values):
+            per_rank = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
+            raise ValueError(
+                f"the ranks of the sequence-parallel group disagree on {what} ({per_rank}); every rank must "
+                "make the same call (same dtypes, shapes, heads, replicated counts and group layout)"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -182,8 +220,7 @@ def check_tensors(**tensors: object) -> None:
 def check_4d(**tensors: torch.Tensor) -> None:
     """Upstream's ``assert q.dim() == 4 and k.dim() == 4 and v.dim() == 4, "Expected 4D tensors"``."""
     if any(x.dim() != 4 for x in tensors.values()):
-        shapes = ", ".join(f"{name} {tuple(x.shape)}" for name, x in tensors.items())
-        raise ValueError(f"Expected 4D tensors [batch, seq, heads, head_dim], got {shapes}")
+        raise ValueError("Expected 4D tensors")
 
 
 def check_replicated_together(replicated_q, replicated_k, replicated_v) -> bool:
@@ -204,15 +241,15 @@ def check_kv_gather_call(seq_lens, replicated_q, replicated_k, replicated_v) -> 
     return check_replicated_together(replicated_q, replicated_k, replicated_v)
 
 
-def check_ulysses_call(seq_lens, replicated_q, replicated_k, replicated_v) -> bool:
-    """The Ulysses path's checks: varlen excludes replicated tokens; all three or none.
+def check_ulysses_call(seq_lens, replicated_q, replicated_k, replicated_v) -> None:
+    """The Ulysses path's first check: varlen excludes replicated tokens.
 
-    (sglang only asserts k/v when ``replicated_q`` is given and silently ignores a lone
-    ``replicated_k``; here any partial set raises.) Returns whether replicated tokens were given.
+    (The path then checks "all three or none" after the all-to-all's asserts, where sglang asserts
+    k/v when ``replicated_q`` is given; sglang silently ignores a lone ``replicated_k``, here any
+    partial set raises.)
     """
     if seq_lens is not None and any(x is not None for x in (replicated_q, replicated_k, replicated_v)):
         raise ValueError("Varlen Ulysses attention does not support replicated QKV")
-    return check_replicated_together(replicated_q, replicated_k, replicated_v)
 
 
 def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_extra_rows: int = 0) -> None:
@@ -243,6 +280,62 @@ def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv
         )
     if q.shape[3] != k.shape[3]:
         raise ValueError(f"q and k must have the same head_dim (dim 3), got {q.shape[3]} and {k.shape[3]}")
+
+
+def check_kv_lengths(k: torch.Tensor, v: torch.Tensor) -> None:
+    """Cross-attention K/V (any length, every rank holds them whole): k and v have the same rows."""
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same sequence length (dim 1), got {k.shape[1]} and {v.shape[1]}")
+
+
+def check_packed(name: str, x: torch.Tensor, parts: int) -> None:
+    """ring-flash-attention's packed layouts: ``kv [B, S, 2, Hkv, D]``, ``qkv [B, S, 3, H, D]``."""
+    if x.dim() != 5 or x.shape[2] != parts:
+        raise ValueError(
+            f"{name} must be a [batch, seq, {parts}, heads, head_dim] tensor, got shape {tuple(x.shape)}"
+        )
+
+
+def check_no_dropout(name: str, value: object) -> None:
+    """Attention dropout is not implemented (the reference is deterministic): only 0 is accepted."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 0:
+        raise NotImplementedError(
+            f"{name}={value!r} is not supported: attention dropout is not implemented; pass {name}=0.0 "
+            "(inference), or apply dropout outside the attention call"
+        )
+
+
+def check_no_alibi(alibi_slopes: object) -> None:
+    """ring-flash-attention asserts ``alibi_slopes is None``; ALiBi biases are not implemented here either."""
+    if alibi_slopes is not None:
+        raise NotImplementedError(
+            "alibi_slopes is not supported by the ring (ring-flash-attention asserts alibi_slopes is None); "
+            "pass alibi_slopes=None"
+        )
+
+
+def check_ring_window(window_size: object, causal: bool, seq_len: int) -> bool:
+    """``window_size = (left, right)`` as FlashAttention reads it; returns whether the call is causal.
+
+    A negative side is unlimited; FlashAttention treats ``(-1, 0)`` as causal. The ring masks whole
+    blocks by their place in the global sequence of ``seq_len`` tokens, so it honours a window only
+    where it masks nothing beyond ``causal``: each side unlimited or covering the whole sequence.
+    """
+    if (
+        not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+        or any(isinstance(w, bool) or not isinstance(w, int) for w in window_size)
+    ):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+    # A side covering the whole sequence is unlimited; then FlashAttention's rule for a causal window.
+    left, right = (-1 if w >= seq_len - 1 else w for w in window_size)
+    causal = bool(causal) or (left < 0 and right == 0)
+    if left >= 0 or (not causal and right >= 0):
+        raise NotImplementedError(
+            f"window_size={tuple(window_size)} is not supported by the ring: a sliding window over the global "
+            f"sequence of {seq_len} tokens needs per-token positions across ranks; pass window_size=(-1, -1) "
+            "(with causal=True for a causal mask)"
+        )
+    return causal
 
 
 def check_declared_heads(q: torch.Tensor, k: torch.Tensor, num_heads: int, num_kv_heads: int, head_size: int) -> None:
@@ -282,10 +375,8 @@ def check_replicated_shapes(
         )
 
 
-def check_heads_divisible(num_heads: int, num_kv_heads: int, degree: int, degree_name: str) -> None:
-    """Ulysses gives each rank ``1 / degree`` of the query heads and of the KV heads."""
-    if num_heads % degree:
-        raise ValueError(f"num_heads ({num_heads}) must be divisible by the {degree_name} ({degree})")
+def check_kv_heads_split(num_kv_heads: int, degree: int, degree_name: str) -> None:
+    """Ulysses gives each rank ``1 / degree`` of the KV heads too (GQA; after upstream's q-heads check)."""
     if num_kv_heads % degree:
         raise ValueError(
             f"num_kv_heads ({num_kv_heads}) must be divisible by the {degree_name} ({degree}); repeat the KV "
@@ -368,3 +459,7 @@ def check_launch_args(world_size: object, backend: Optional[str], timeout_s: obj
         )
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    if timeout_s > MAX_TIMEOUT_S:
+        raise ValueError(
+            f"timeout_s must be at most {MAX_TIMEOUT_S} seconds (the launcher needs a finite limit), got {timeout_s!r}"
+        )

@@ -1,7 +1,9 @@
 """The three collectives of sequence parallelism, on ``torch.distributed`` process groups.
 
-Layout ``[B, S, H, D]`` (batch, sequence, heads, head_dim). ``group=None``, or a group of one rank,
-is the identity and needs no initialised ``torch.distributed``.
+Layout ``[B, S, H, D]`` (batch, sequence, heads, head_dim). ``group=None`` is the default process
+group (``torch.distributed.group.WORLD``), as in ``torch.distributed`` and ring-flash-attention; it
+is this rank alone only while ``torch.distributed`` is not initialized. :data:`SELF_GROUP` (or any
+group of one rank) is the identity and needs no initialized ``torch.distributed``.
 
 * :func:`all_to_all_4d`: sequence shards <-> head shards (Ulysses). ``scatter_dim=2, gather_dim=1``
   turns "rank r holds tokens block r, all heads" into "rank r holds all tokens, heads block r";
@@ -16,7 +18,7 @@ is the identity and needs no initialised ``torch.distributed``.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -26,14 +28,32 @@ from errors.notes import catalogued
 from .checks import check_all_to_all_4d, check_gather_dim
 
 
-def group_size(group: Optional[dist.ProcessGroup]) -> int:
-    """Number of ranks in ``group`` (1 for None)."""
-    return 1 if group is None else dist.get_world_size(group)
+class _SelfGroup:
+    """The group of this rank alone (MPI's ``COMM_SELF``): every collective over it is the identity."""
+
+    def __repr__(self) -> str:
+        return "SELF_GROUP"
 
 
-def group_rank(group: Optional[dist.ProcessGroup]) -> int:
-    """This rank's index in ``group`` (0 for None)."""
-    return 0 if group is None else dist.get_rank(group)
+#: This rank alone: what :class:`SequenceParallelGroups` holds for a Ulysses or ring group of one rank.
+SELF_GROUP = _SelfGroup()
+
+#: A process group, None (the default group) or :data:`SELF_GROUP`.
+Group = Union[dist.ProcessGroup, None, _SelfGroup]
+
+
+def group_size(group: Group) -> int:
+    """Number of ranks in ``group``: the world for None, 1 for :data:`SELF_GROUP` or without torch.distributed."""
+    if group is SELF_GROUP or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
+def group_rank(group: Group) -> int:
+    """This rank's index in ``group`` (0 for :data:`SELF_GROUP` or without torch.distributed)."""
+    if group is SELF_GROUP or not dist.is_initialized():
+        return 0
+    return dist.get_rank(group)
 
 
 def heads_of_rank(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -50,7 +70,7 @@ def all_to_all_4d(
     x: torch.Tensor,
     scatter_dim: int = 2,
     gather_dim: int = 1,
-    group: Optional[dist.ProcessGroup] = None,
+    group: Group = None,
     seq_lens: Optional[Sequence[int]] = None,
 ) -> torch.Tensor:
     """Exchange sequence shards for head shards (``2 -> 1``) or back (``1 -> 2``) over ``group``.
@@ -99,7 +119,7 @@ def all_to_all_4d_packed(
     tensors: Sequence[torch.Tensor],
     scatter_dim: int = 2,
     gather_dim: int = 1,
-    group: Optional[dist.ProcessGroup] = None,
+    group: Group = None,
     seq_lens: Optional[Sequence[int]] = None,
 ) -> list[torch.Tensor]:
     """:func:`all_to_all_4d` of several tensors, those of equal shape and dtype in one collective.
@@ -120,7 +140,7 @@ def all_to_all_4d_packed(
 
 
 @catalogued
-def all_gather(x: torch.Tensor, dim: int = -1, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+def all_gather(x: torch.Tensor, dim: int = -1, group: Group = None) -> torch.Tensor:
     """Concatenate ``x`` of every rank of ``group`` along ``dim``, in rank order.
 
     Every rank must pass the same shape; ``size[dim]`` grows ``P`` times and rank ``r``'s block sits
@@ -141,18 +161,23 @@ class RingExchange:
 
     ``recv = exchange.start(x)`` posts the send and the receive and returns at once; ``recv`` is
     valid after ``exchange.wait()``. Peers are addressed by their global rank, as
-    ``torch.distributed`` point-to-point calls require even inside a subgroup.
+    ``torch.distributed`` point-to-point calls require even inside a subgroup. ``group=None`` is the
+    default group; in a group of one rank, ``recv`` is a copy of ``x``.
     """
 
-    def __init__(self, group: dist.ProcessGroup):
+    def __init__(self, group: Group = None):
         size, rank = group_size(group), group_rank(group)
-        self.group = group
-        self.next_rank = dist.get_global_rank(group, (rank + 1) % size)
-        self.prev_rank = dist.get_global_rank(group, (rank - 1) % size)
+        self.group = dist.group.WORLD if group is None else group
+        self.size = size
+        if size > 1:
+            self.next_rank = dist.get_global_rank(self.group, (rank + 1) % size)
+            self.prev_rank = dist.get_global_rank(self.group, (rank - 1) % size)
         self._requests: list = []
 
     def start(self, x: torch.Tensor) -> torch.Tensor:
         """Post ``send(x) -> next`` and ``recv <- prev``; returns the receive buffer."""
+        if self.size == 1:
+            return x.clone()  # this rank is its own neighbour
         recv = torch.empty_like(x)
         ops = [
             dist.P2POp(dist.isend, x, self.next_rank, self.group),

@@ -12,8 +12,14 @@
 Example, U=2, R=2, SP ranks [0, 1, 2, 3]: Ulysses {0,1}, {2,3}; ring {0,2}, {1,3}.
 SP rank ``p`` has Ulysses rank ``p % U`` and ring rank ``p // U``.
 
-A group of one rank is ``None``: nothing to communicate, and no process group is needed, so world
-size 1 works without ``torch.distributed`` being initialised.
+A group of one rank is :data:`SELF_GROUP`: nothing to communicate, and no process group is needed,
+so world size 1 works without ``torch.distributed`` being initialised. (``None`` is not used for it:
+``group=None`` means the default group, as everywhere in ``torch.distributed``.)
+
+Groups with the same ranks are created once and shared (by every later
+:func:`init_sequence_parallel_groups` call, e.g. a ``2 x 2`` and a ``4 x 1`` layout share their SP
+group of all four ranks), so ranks that hold different layouts of the same ranks still meet in one
+process group, where :mod:`.agreement` can tell them apart instead of hanging.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ import torch.distributed as dist
 from errors.notes import catalogued
 
 from .checks import check_positive_int, check_sp_degrees
+from .comm import SELF_GROUP, Group, group_size
+
+#: Process groups created so far, by their ranks, with the default group they were created under.
+_CREATED: dict[tuple[int, ...], tuple[object, dist.ProcessGroup]] = {}
 
 
 @dataclass(frozen=True)
@@ -33,16 +43,16 @@ class SequenceParallelGroups:
     """This rank's SP layout.
 
     Attributes:
-        sp_group: all ``U x R`` ranks (K/V gather, UlyssesAttention), or None for a single rank.
-        ulysses_group: this rank's Ulysses group (USP all-to-alls), or None when ``U == 1``.
-        ring_group: this rank's ring group (ring exchange), or None when ``R == 1``.
+        sp_group: all ``U x R`` ranks (K/V gather, UlyssesAttention), or :data:`SELF_GROUP` for one rank.
+        ulysses_group: this rank's Ulysses group (USP all-to-alls), or :data:`SELF_GROUP` when ``U == 1``.
+        ring_group: this rank's ring group (ring exchange), or :data:`SELF_GROUP` when ``R == 1``.
         ulysses_degree, ring_degree: ``U`` and ``R``.
         sp_rank: this rank's index in its SP group, ``ring_rank x U + ulysses_rank``.
     """
 
-    sp_group: Optional[dist.ProcessGroup]
-    ulysses_group: Optional[dist.ProcessGroup]
-    ring_group: Optional[dist.ProcessGroup]
+    sp_group: Group
+    ulysses_group: Group
+    ring_group: Group
     ulysses_degree: int
     ring_degree: int
     sp_rank: int
@@ -62,7 +72,7 @@ class SequenceParallelGroups:
     @classmethod
     def single(cls) -> "SequenceParallelGroups":
         """One rank, no communication."""
-        return cls(None, None, None, 1, 1, 0)
+        return cls(SELF_GROUP, SELF_GROUP, SELF_GROUP, 1, 1, 0)
 
     @classmethod
     def from_world(cls) -> "SequenceParallelGroups":
@@ -73,7 +83,7 @@ class SequenceParallelGroups:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return cls.single()
         world = dist.group.WORLD
-        return cls(world, world, None, dist.get_world_size(), 1, dist.get_rank())
+        return cls(world, world, SELF_GROUP, dist.get_world_size(), 1, dist.get_rank())
 
 
 @catalogued
@@ -96,7 +106,7 @@ def init_sequence_parallel_groups(ulysses_degree: Optional[int] = None, ring_deg
     if not initialized:
         return SequenceParallelGroups.single()
     sp_size, rank = ulysses_degree * ring_degree, dist.get_rank()
-    mine: dict[str, Optional[dist.ProcessGroup]] = {"sp": None, "ulysses": None, "ring": None}
+    mine: dict[str, Group] = {"sp": SELF_GROUP, "ulysses": SELF_GROUP, "ring": SELF_GROUP}
     for first in range(0, world_size, sp_size):
         sp_ranks = list(range(first, first + sp_size))
         layouts = {
@@ -108,9 +118,31 @@ def init_sequence_parallel_groups(ulysses_degree: Optional[int] = None, ring_deg
             for ranks in rank_lists:
                 if len(ranks) == 1:
                     continue  # one rank: no process group needed
-                group = dist.new_group(ranks)
+                group = _group_of(ranks)
                 if rank in ranks:
                     mine[kind] = group
     return SequenceParallelGroups(
         mine["sp"], mine["ulysses"], mine["ring"], ulysses_degree, ring_degree, rank % sp_size
     )
+
+
+def layout_of(groups: SequenceParallelGroups) -> tuple:
+    """What the ranks of one SP group must agree on about their layout: ``(U, R, SP group ranks)``."""
+    group = groups.sp_group
+    ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD)) if group_size(group) > 1 else ()
+    return (groups.ulysses_degree, groups.ring_degree, ranks)
+
+
+def _group_of(ranks: list[int]) -> dist.ProcessGroup:
+    """The process group of ``ranks``, created on first use (collective: every rank calls it in turn).
+
+    All the ranks are the default group itself, as :meth:`SequenceParallelGroups.from_world` uses.
+    """
+    world = dist.group.WORLD
+    if len(ranks) == dist.get_world_size():
+        return world
+    created = _CREATED.get(tuple(ranks))
+    if created is None or created[0] is not world:  # none yet, or made under an earlier init_process_group
+        created = (world, dist.new_group(ranks))
+        _CREATED[tuple(ranks)] = created
+    return created[1]

@@ -4,8 +4,9 @@
 processes, initialises a process group in each (gloo on CPU; NCCL, one GPU per rank, when there are
 enough CUDA devices), runs ``fn(*args)`` and returns the per-rank results. A rank that raises makes
 ``launch`` raise that exception (the first one reported; every failing rank's traceback is attached
-as a note); a run that exceeds ``timeout_s`` is killed and raises ``TimeoutError``, so a hang never
-blocks the caller.
+as a note); a rank ended by ``SystemExit`` (``sys.exit``) or ``KeyboardInterrupt`` raises
+``ChildProcessError`` instead, never the caller's own exit; a run that exceeds ``timeout_s`` is
+killed and raises ``TimeoutError``, so a hang never blocks the caller.
 
 ``fn`` must be importable by the children (a module-level function, not a lambda or a notebook
 cell's closure), and its result must be picklable (tensors are fine).
@@ -72,7 +73,8 @@ def launch(
         world_size: number of processes.
         args: picklable arguments, the same for every rank.
         backend: "gloo" or "nccl" (default :func:`default_backend`).
-        timeout_s: limit for the whole run, and the process group's collective timeout.
+        timeout_s: limit for the whole run, and the process group's collective timeout: a number of
+            seconds in ``(0, 10_000_000]`` (``inf``, NaN, bools and non-numbers are refused).
     """
     check_launch_args(world_size, backend, timeout_s)
     backend = default_backend(world_size) if backend is None else backend
@@ -96,7 +98,8 @@ def launch(
     failures = {rank: payload for rank, (ok, payload) in outcomes.items() if not ok}  # in order of arrival
     if failures:
         # The first failure is the cause; later ones are usually its echo (a peer closed the connection).
-        error = pickle.loads(next(iter(failures.values()))[0])
+        first_rank, (pickled, _) = next(iter(failures.items()))
+        error = _as_rank_failure(pickle.loads(pickled), first_rank, world_size)
         for rank, (_, trace) in failures.items():
             error.add_note(f"--- rank {rank} of {world_size} ---\n{trace}")
         raise error
@@ -121,6 +124,16 @@ def _run_rank(fn, args, rank, world_size, backend, init_method, timeout_s, repor
         reports.put((rank, False, (_pickled(exc), traceback.format_exc())))
     finally:
         dist.destroy_process_group()
+
+
+def _as_rank_failure(exc: BaseException, rank: int, world_size: int) -> Exception:
+    """A rank's exception, to raise in the caller. ``SystemExit``, ``KeyboardInterrupt`` and other
+    non-``Exception`` s ended that rank, not the caller: they become a ``ChildProcessError``."""
+    if isinstance(exc, Exception):
+        return exc
+    error = ChildProcessError(f"rank {rank} of {world_size} ended with {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 def _pickled(exc: BaseException) -> bytes:

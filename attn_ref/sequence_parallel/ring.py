@@ -29,13 +29,13 @@ from itertools import combinations
 from typing import Callable, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from errors.notes import catalogued
 
 from .backend import REFERENCE_BACKEND, AttentionBackend
+from .agreement import describe, run_checks_on_every_rank
 from .checks import check_4d, check_attention_inputs, check_tensors, check_zigzag_rows
-from .comm import RingExchange, group_rank, group_size
+from .comm import Group, RingExchange, group_rank, group_size
 
 #: Position of a replicated prefix / suffix chunk: before / after every sharded token.
 PREFIX_POSITION = float("-inf")
@@ -79,7 +79,7 @@ def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    group: Optional[dist.ProcessGroup] = None,
+    group: Group = None,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
     zigzag: bool = False,
@@ -90,7 +90,8 @@ def ring_attention(
     Args:
         q: ``[B, S, H, D]`` this rank's block of queries; k ``[B, S, Hkv, D]``, v ``[B, S, Hkv, Dv]``
             the same tokens' keys and values (``H % Hkv == 0``). Every rank passes the same shapes.
-        group: the ring; None (or one rank) attends locally.
+        group: the ring; None is the default group (the whole world), as in ``torch.distributed``;
+            this rank alone without torch.distributed, or with :data:`~.comm.SELF_GROUP`.
         softmax_scale: default ``D ** -0.5``.
         causal: causal over the global sequence, whose layout is given by ``zigzag``: rank ``r``
             holds block ``r`` (contiguous), or chunks ``r`` and ``2R-1-r`` of ``2R`` (zigzag; ``S``
@@ -101,11 +102,25 @@ def ring_attention(
         ``out [B, S, H, Dv]`` in q's dtype and ``lse [B, S, H]`` fp32 (natural log), equal to
         single-device attention of these rows over the whole sequence.
     """
+    fields = dict(q=describe(q), k=describe(k), v=describe(v), softmax_scale=softmax_scale, causal=causal, zigzag=zigzag)
+    run_checks_on_every_rank(group, "ring_attention", fields, lambda: check_ring_inputs(q, k, v, zigzag))
+    return ring_attention_unchecked(q, k, v, group, softmax_scale, causal, zigzag, backend)
+
+
+def check_ring_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, zigzag: bool) -> None:
+    """The checks of :func:`ring_attention` (and of the ring-flash-attention entry points)."""
     check_tensors(q=q, k=k, v=v)
     check_4d(q=q, k=k, v=v)
     check_attention_inputs(q, k, v)
     if zigzag:
         check_zigzag_rows(q.shape[1], "q's local sequence length")
+
+
+def ring_attention_unchecked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group, softmax_scale: Optional[float],
+    causal: bool, zigzag: bool, backend: AttentionBackend,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ring_attention` after its checks: ``(out in q's dtype, lse [B, S, H] fp32)``."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     size, rank, rows = group_size(group), group_rank(group), q.shape[1]
     out, lse = ring_attention_states(
@@ -122,7 +137,7 @@ def ring_attention_states(
     q_chunks: Sequence[Chunk],
     kv_chunks: Callable[[int], Sequence[Chunk]],
     *,
-    group: Optional[dist.ProcessGroup],
+    group: Group,
     backend: AttentionBackend,
     softmax_scale: float,
     causal: bool,

@@ -32,33 +32,42 @@ import torch
 from errors.notes import catalogued
 
 from .backend import REFERENCE_BACKEND, AttentionBackend
+from .agreement import describe, run_checks_on_every_rank
 from .checks import (
     check_4d,
     check_attention_inputs,
     check_declared_heads,
     check_head_config,
-    check_heads_divisible,
+    check_heads_split,
     check_kv_gather_call,
+    check_kv_heads_split,
     check_local_seq_len,
     check_replicated_shapes,
+    check_replicated_together,
     check_seq_lens,
+    check_seq_lens_values,
     check_sp_attention_mode,
     check_tensors,
     check_ulysses_call,
     check_ulysses_only,
+    check_usp_heads_split,
 )
 from .comm import all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
-from .groups import SequenceParallelGroups
+from .groups import SequenceParallelGroups, layout_of as _layout
 
 
 class UlyssesAttention(torch.nn.Module):
     """Sequence-parallel attention over ``groups.sp_group`` (see the module docstring).
 
-    Args:
+    Args (sglang's, in sglang's order):
         num_heads, head_size: query heads ``H`` and head dim ``D``.
         num_kv_heads: ``Hkv`` (default ``H``; ``H % Hkv == 0``, GQA).
         softmax_scale: default ``head_size ** -0.5``.
         causal: causal attention over the global sequence (Ulysses mode only).
+        supported_attention_backends, prefix, extra_impl_args: accepted and kept as attributes;
+            in sglang they choose and name the local attention backend, here :attr:`backend` does.
+
+    Keyword-only (this package's):
         sp_attention_mode: ``"ulysses"``, ``"kv_gather"`` or ``"auto"``.
         groups: the SP layout (:func:`init_sequence_parallel_groups`); default: Ulysses over the
             whole default group, or a single rank without ``torch.distributed``.
@@ -75,9 +84,12 @@ class UlyssesAttention(torch.nn.Module):
         num_kv_heads: Optional[int] = None,
         softmax_scale: Optional[float] = None,
         causal: bool = False,
+        supported_attention_backends: Optional[set] = None,
+        prefix: str = "",
         *,
         sp_attention_mode: str = "ulysses",
         groups: Optional[SequenceParallelGroups] = None,
+        **extra_impl_args,
     ):
         super().__init__()
         groups = SequenceParallelGroups.from_world() if groups is None else groups
@@ -88,6 +100,9 @@ class UlyssesAttention(torch.nn.Module):
         self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
         self.softmax_scale = head_size ** -0.5 if softmax_scale is None else softmax_scale
         self.causal = causal
+        self.supported_attention_backends, self.prefix, self.extra_impl_args = (
+            supported_attention_backends, prefix, extra_impl_args
+        )
         self.groups = groups
         # sglang's (mode, is_auto): a causal module cannot use the gather, so auto means Ulysses.
         self.sp_attention_mode = "ulysses" if sp_attention_mode == "auto" and causal else sp_attention_mode
@@ -119,19 +134,53 @@ class UlyssesAttention(torch.nn.Module):
             ``(out [B, S_l, H, D], replicated_out [B, S_r, H, D] or None)``, with
             ``(..., lse, replicated_lse)`` appended when ``return_softmax_lse``.
         """
+        reps = (replicated_q, replicated_k, replicated_v)
+        gather = self.sp_attention_mode == "kv_gather" and not (self.sp_attention_mode_is_auto and seq_lens is not None)
+        varlen_dim = None if seq_lens is None else 1
+        fields = dict(
+            path="kv_gather" if gather else "ulysses", causal=self.causal, softmax_scale=self.softmax_scale,
+            heads=(self.num_heads, self.num_kv_heads, self.head_size), layout=_layout(self.groups),
+            q=describe(q, varlen_dim), k=describe(k, varlen_dim), v=describe(v, varlen_dim),
+            replicated=tuple(describe(x) for x in reps), seq_lens=describe(seq_lens),
+            return_softmax_lse=return_softmax_lse,
+        )
+        check = self._check_kv_gather_call if gather else self._check_ulysses_call
+        replicated, seq_lens = run_checks_on_every_rank(
+            self.groups.sp_group, "UlyssesAttention.forward", fields, lambda: check(q, k, v, *reps, seq_lens))
+        if gather:
+            return self._forward_with_kv_gather(q, k, v, *reps, return_softmax_lse)
+        return self._forward_ulysses(q, k, v, *reps, seq_lens, return_softmax_lse)
+
+    def _check_kv_gather_call(self, q, k, v, replicated_q, replicated_k, replicated_v, seq_lens):
+        """sglang's order: 4-D, varlen, all three replicated or none; then this package's checks."""
         check_tensors(q=q, k=k, v=v)
         check_4d(q=q, k=k, v=v)
-        if self.sp_attention_mode == "kv_gather" and not (self.sp_attention_mode_is_auto and seq_lens is not None):
-            replicated = check_kv_gather_call(seq_lens, replicated_q, replicated_k, replicated_v)
-            self._check_shapes(q, k, v, replicated_q, replicated_k, replicated_v, replicated)
-            return self._forward_with_kv_gather(q, k, v, replicated_q, replicated_k, replicated_v, return_softmax_lse)
-        replicated = check_ulysses_call(seq_lens, replicated_q, replicated_k, replicated_v)
+        replicated = check_kv_gather_call(seq_lens, replicated_q, replicated_k, replicated_v)
         self._check_shapes(q, k, v, replicated_q, replicated_k, replicated_v, replicated)
-        check_heads_divisible(self.num_heads, self.num_kv_heads, self.groups.sp_size, "sequence parallel world size")
-        if seq_lens is not None:
-            seq_lens = check_seq_lens(seq_lens, self.groups.sp_size)
-            check_local_seq_len(q, seq_lens, self.groups.sp_rank)
-        return self._forward_ulysses(q, k, v, replicated_q, replicated_k, replicated_v, seq_lens, return_softmax_lse)
+        return replicated, None
+
+    def _check_ulysses_call(self, q, k, v, replicated_q, replicated_k, replicated_v, seq_lens):
+        """sglang's order: 4-D, varlen vs replicated, the all-to-all's asserts; then this package's checks.
+
+        Upstream's all-to-all checks nothing on one rank (it returns its input), so neither does this.
+        """
+        check_tensors(q=q, k=k, v=v)
+        check_4d(q=q, k=k, v=v)
+        check_ulysses_call(seq_lens, replicated_q, replicated_k, replicated_v)
+        world, rank = self.groups.sp_size, self.groups.sp_rank
+        if world == 1:
+            seq_lens = None  # one rank: the whole sequence is local, as upstream, whatever seq_lens says
+        if seq_lens is None:
+            check_heads_split(q.shape[2], world)
+        else:  # usp.py's varlen all-to-all: length, this rank's entry, heads
+            seq_lens = check_seq_lens(seq_lens, world)
+            check_local_seq_len(q, seq_lens, rank)
+            check_usp_heads_split(q.shape[2], world)
+            check_seq_lens_values(seq_lens)
+        replicated = check_replicated_together(replicated_q, replicated_k, replicated_v)
+        self._check_shapes(q, k, v, replicated_q, replicated_k, replicated_v, replicated)
+        check_kv_heads_split(self.num_kv_heads, world, "sequence parallel world size")
+        return replicated, seq_lens
 
     def _check_shapes(self, q, k, v, replicated_q, replicated_k, replicated_v, replicated: bool) -> None:
         check_attention_inputs(q, k, v)

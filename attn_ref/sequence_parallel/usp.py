@@ -36,31 +36,42 @@ import torch
 from errors.notes import catalogued
 
 from .backend import REFERENCE_BACKEND, AttentionBackend
+from .agreement import describe, run_checks_on_every_rank
 from .checks import (
     check_4d,
     check_attention_inputs,
     check_declared_heads,
     check_head_config,
-    check_heads_divisible,
+    check_kv_heads_split,
+    check_kv_lengths,
     check_no_attn_mask,
+    check_no_dropout,
     check_replicated_fits,
     check_replicated_modes,
     check_tensors,
+    check_usp_heads_split,
     check_zigzag_rows,
 )
 from .comm import all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
-from .groups import SequenceParallelGroups
+from .groups import SequenceParallelGroups, layout_of as _layout
 from .ring import PREFIX_POSITION, SUFFIX_POSITION, Chunk, block_chunks, ring_attention_states
 
 
 class USPAttention(torch.nn.Module):
     """Unified sequence parallelism (Ulysses x ring), see the module docstring.
 
-    Args:
+    Args (sglang's, in sglang's order):
         num_heads, head_size: query heads ``H`` and head dim ``D``.
         num_kv_heads: ``Hkv`` (default ``H``; ``H % Hkv == 0``, GQA).
         softmax_scale: default ``head_size ** -0.5``.
         causal: causal attention over the global sequence.
+        supported_attention_backends, prefix, extra_impl_args: accepted and kept as attributes;
+            in sglang they choose and name the local attention backend, here :attr:`backend` does.
+        dropout_rate: must be 0 (attention dropout is not implemented; ``NotImplementedError``).
+        skip_sequence_parallel: K/V that every rank holds whole (cross-attention to encoder
+            outputs): each rank's local queries attend the local K/V, with no exchange.
+
+    Keyword-only (this package's):
         groups: the SP layout (:func:`init_sequence_parallel_groups`); default: Ulysses over the
             whole default group (``R = 1``), or a single rank without ``torch.distributed``.
         zigzag: the tokens are sharded zigzag (:func:`shard_sequence` with ``zigzag=True``), which
@@ -78,16 +89,27 @@ class USPAttention(torch.nn.Module):
         num_kv_heads: Optional[int] = None,
         softmax_scale: Optional[float] = None,
         causal: bool = False,
+        supported_attention_backends: Optional[set] = None,
+        prefix: str = "",
+        dropout_rate: float = 0.0,
+        skip_sequence_parallel: bool = False,
         *,
         groups: Optional[SequenceParallelGroups] = None,
         zigzag: bool = False,
+        **extra_impl_args,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_head_config(num_heads, head_size, num_kv_heads, softmax_scale)
+        check_no_dropout("dropout_rate", dropout_rate)
         self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
         self.softmax_scale = head_size ** -0.5 if softmax_scale is None else softmax_scale
         self.causal = causal
+        self.supported_attention_backends, self.prefix, self.extra_impl_args = (
+            supported_attention_backends, prefix, extra_impl_args
+        )
+        self.dropout_p = dropout_rate
+        self.skip_sequence_parallel = skip_sequence_parallel
         self.groups = SequenceParallelGroups.from_world() if groups is None else groups
         self.zigzag = zigzag
 
@@ -101,6 +123,7 @@ class USPAttention(torch.nn.Module):
         num_replicated_prefix: int = 0,
         num_replicated_suffix: int = 0,
         num_replicated_kv_prefix: int = 0,
+        skip_sequence_parallel_override: bool = False,
         *,
         return_softmax_lse: bool = False,
     ):
@@ -113,36 +136,36 @@ class USPAttention(torch.nn.Module):
                 signature so that positional calls line up with sglang's.
             num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix: see the module
                 docstring; at most one is non-zero.
+            skip_sequence_parallel_override: this call only, as ``skip_sequence_parallel=True``:
+                q attends k/v ``[B, S_kv, Hkv, D]`` (any length) locally, and the counts are ignored,
+                as in sglang.
             return_softmax_lse: also return the LSE ``[B, S, H]`` (fp32).
 
         Returns:
             ``out [B, S, H, D]`` in q's dtype (and ``lse`` when asked).
         """
-        check_tensors(q=q, k=k, v=v)
-        check_4d(q=q, k=k, v=v)
-        check_no_attn_mask(attn_mask)
-        check_replicated_modes(num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
-        check_attention_inputs(q, k, v, kv_extra_rows=num_replicated_kv_prefix)
-        check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)
-        if num_replicated_prefix:
-            check_replicated_fits("num_replicated_prefix", num_replicated_prefix, q.shape[1])
-        if num_replicated_suffix:
-            check_replicated_fits("num_replicated_suffix", num_replicated_suffix, q.shape[1])
-        u_degree = self.groups.ulysses_degree
-        check_heads_divisible(self.num_heads, self.num_kv_heads, u_degree, "Ulysses degree")
-        q_rep_rows = num_replicated_prefix + num_replicated_suffix
-        if self.zigzag:
-            check_zigzag_rows(u_degree * (q.shape[1] - q_rep_rows), "ulysses_degree x sharded rows per rank")
+        counts = (num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
+        if self.skip_sequence_parallel or skip_sequence_parallel_override:
+            self._check_local_call(q, k, v, attn_mask)
+            return self._local(q, k, v, return_softmax_lse)
+        fields = dict(
+            causal=self.causal, zigzag=self.zigzag, softmax_scale=self.softmax_scale,
+            heads=(self.num_heads, self.num_kv_heads, self.head_size), layout=_layout(self.groups),
+            q=describe(q), k=describe(k), v=describe(v), attn_mask=describe(attn_mask),
+            counts=tuple(describe(n) for n in counts), return_softmax_lse=return_softmax_lse,
+        )
+        run_checks_on_every_rank(
+            self.groups.sp_group, "USPAttention.forward", fields, lambda: self._check_call(q, k, v, attn_mask, *counts))
 
         position = SUFFIX_POSITION if num_replicated_suffix else PREFIX_POSITION
+        q_rep_rows = num_replicated_prefix + num_replicated_suffix
         q_rep, q_shard = _split_replicated(q, q_rep_rows, position)
         (k_rep, k_shard), (v_rep, v_shard) = (
             _split_replicated(x, q_rep_rows + num_replicated_kv_prefix, position) for x in (k, v)
         )
-        group = self.groups.ulysses_group
+        group, u_rank, u_degree = self.groups.ulysses_group, self.groups.ulysses_rank, self.groups.ulysses_degree
         # [B, S_l, H, D] -> [B, U·S_l, H/U, D]: the ring block, this rank's heads.
         q_shard, k_shard, v_shard = all_to_all_4d_packed([q_shard, k_shard, v_shard], 2, 1, group)
-        u_rank = self.groups.ulysses_rank
         q_rep, k_rep, v_rep = (heads_of_rank(x, u_rank, u_degree) for x in (q_rep, k_rep, v_rep))
 
         out, lse = self._attend(q_rep, q_shard, k_rep, k_shard, v_rep, v_shard, position)
@@ -153,6 +176,40 @@ class USPAttention(torch.nn.Module):
         if not return_softmax_lse:
             return out
         return out, _heads_to_tokens(lse[..., None], rep_rows, shard_rows, position, group)[..., 0]
+
+    def _check_call(self, q, k, v, attn_mask, num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix):
+        """sglang's order where it has the check (modes, then ``usp.py``'s heads assert), then this package's."""
+        check_tensors(q=q, k=k, v=v)
+        check_4d(q=q, k=k, v=v)
+        check_no_attn_mask(attn_mask)
+        check_replicated_modes(num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
+        u_degree = self.groups.ulysses_degree
+        if u_degree > 1:  # usp.py's all-to-all returns its input on one rank, before its asserts
+            check_usp_heads_split(q.shape[2], u_degree)
+        check_attention_inputs(q, k, v, kv_extra_rows=num_replicated_kv_prefix)
+        check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)
+        if num_replicated_prefix:
+            check_replicated_fits("num_replicated_prefix", num_replicated_prefix, q.shape[1])
+        if num_replicated_suffix:
+            check_replicated_fits("num_replicated_suffix", num_replicated_suffix, q.shape[1])
+        check_kv_heads_split(self.num_kv_heads, u_degree, "Ulysses degree")
+        if self.zigzag:
+            q_rep_rows = num_replicated_prefix + num_replicated_suffix
+            check_zigzag_rows(u_degree * (q.shape[1] - q_rep_rows), "ulysses_degree x sharded rows per rank")
+
+    def _check_local_call(self, q, k, v, attn_mask):
+        """``skip_sequence_parallel``: q ``[B, S, H, D]`` over k, v ``[B, S_kv, Hkv, D]`` of any length."""
+        check_tensors(q=q, k=k, v=v)
+        check_4d(q=q, k=k, v=v)
+        check_no_attn_mask(attn_mask)
+        check_kv_lengths(k, v)
+        check_attention_inputs(q, k, v, kv_extra_rows=k.shape[1] - q.shape[1])
+        check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)
+
+    def _local(self, q, k, v, with_lse):
+        """Local attention of q over k/v: no collective (bottom-right causal when ``causal``)."""
+        out, lse = self.backend.attend(q, k, v, self.softmax_scale, self.causal)
+        return (out, lse) if with_lse else out
 
     def _attend(self, q_rep, q_shard, k_rep, k_shard, v_rep, v_shard, position):
         """State ``(out, lse)`` of ``[q_rep, q_shard]`` (in sequence order) over the whole sequence."""

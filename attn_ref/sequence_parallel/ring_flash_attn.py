@@ -1,0 +1,222 @@
+"""ring-flash-attention's entry points on this package's ring: code written for it runs unchanged.
+
+``ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+window_size=(-1, -1), alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None)``
+and its ``_kvpacked_func(q, kv, ...)`` / ``_qkvpacked_func(qkv, ...)`` variants, with the same names,
+order, defaults and return convention as ring-flash-attention (zhuzilin/ring-flash-attention):
+
+* layout ``[B, S, H, D]``, this rank's block of the sequence; ``kv [B, S, 2, Hkv, D]`` and
+  ``qkv [B, S, 3, H, D]`` (k, v or q, k, v stacked on dim 2);
+* ``group=None`` rings over the default group (the whole world);
+* returns ``out [B, S, H, D]`` (q's dtype), or ``(out, softmax_lse [B, H, S] fp32, None)`` with
+  ``return_attn_probs=True`` (ring-flash-attention returns no probabilities either).
+
+``zigzag_ring_flash_attn_*`` expect the zigzag layout (rank ``r`` holds chunks ``r`` and
+``2P-1-r`` of ``2P``, :func:`~.layout.shard_sequence` with ``zigzag=True``); ``ring_flash_attn_*``
+the contiguous one (rank ``r`` holds block ``r``).
+
+What differs (also on the docs page "ring-flash-attention"):
+
+* ``dropout_p != 0`` and ``alibi_slopes`` raise ``NotImplementedError`` (ring-flash-attention
+  asserts ``alibi_slopes is None`` and passes dropout to FlashAttention per block);
+* ``window_size`` must mask nothing beyond ``causal`` (``(-1, -1)``, or FlashAttention's causal
+  ``(-1, 0)``, or sides covering the whole sequence); any other window raises: ring-flash-attention
+  applies it inside each block, which is not the global window;
+* ``zigzag_ring_flash_attn_*`` also accept ``causal=False`` (ring-flash-attention asserts causal):
+  without a mask the layout does not matter;
+* ``deterministic`` is accepted and has no effect (the forward is deterministic); forward only.
+
+Every rank's checks run before the first exchange, with the cross-rank agreement of
+:mod:`.agreement`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import torch
+
+from errors.notes import catalogued
+
+from .agreement import describe, run_checks_on_every_rank
+from .backend import REFERENCE_BACKEND, AttentionBackend
+from .checks import check_no_alibi, check_no_dropout, check_packed, check_ring_window, check_tensors
+from .comm import Group, group_size
+from .ring import check_ring_inputs, ring_attention_unchecked
+
+Window = tuple[int, int]
+
+
+def _unpack(packed: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, k, v)`` from ``{q, k, v}``, ``{q, kv}`` or ``{qkv}``, checking the packed layout first."""
+    if "qkv" in packed:
+        check_tensors(qkv=packed["qkv"])
+        check_packed("qkv", packed["qkv"], 3)
+        return packed["qkv"].unbind(2)
+    if "kv" in packed:
+        check_tensors(q=packed["q"], kv=packed["kv"])
+        check_packed("kv", packed["kv"], 2)
+        return (packed["q"], *packed["kv"].unbind(2))
+    return packed["q"], packed["k"], packed["v"]
+
+
+def _ring_flash_attn(
+    call: str, packed: dict[str, torch.Tensor], dropout_p, softmax_scale, causal, window_size, alibi_slopes,
+    return_attn_probs, group: Group, zigzag: bool, backend: AttentionBackend,
+):
+    """The checks (upstream's order: layout, ALiBi, then this package's), the ring, the return convention."""
+    def checks():
+        q, k, v = _unpack(packed)
+        check_no_alibi(alibi_slopes)
+        check_no_dropout("dropout_p", dropout_p)
+        check_ring_inputs(q, k, v, zigzag)
+        return q, k, v, check_ring_window(window_size, causal, q.shape[1] * group_size(group))
+
+    fields = {name: describe(x) for name, x in packed.items()}
+    fields.update(softmax_scale=softmax_scale, causal=causal, window_size=describe(window_size))
+    q, k, v, causal = run_checks_on_every_rank(group, call, fields, checks)
+    out, lse = ring_attention_unchecked(q, k, v, group, softmax_scale, causal, zigzag, backend)
+    if not return_attn_probs:
+        return out
+    return out, lse.transpose(1, 2).contiguous(), None  # [B, S, H] -> ring-flash-attention's [B, H, S]
+
+
+@catalogued
+def ring_flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Window = (-1, -1),
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group: Group = None,
+    *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
+):
+    """Ring attention of this rank's block ``q [B, S, H, D]`` over every rank's ``k, v [B, S, Hkv, D]``.
+
+    Contiguous layout: rank ``r`` of ``group`` holds tokens ``[r·S, (r+1)·S)``. Returns ``out``, or
+    ``(out, lse [B, H, S] fp32, None)`` with ``return_attn_probs=True``. See the module docstring.
+    """
+    return _ring_flash_attn("ring_flash_attn_func", dict(q=q, k=k, v=v), dropout_p, softmax_scale, causal,
+                            window_size, alibi_slopes, return_attn_probs, group, False, backend)
+
+
+@catalogued
+def ring_flash_attn_kvpacked_func(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Window = (-1, -1),
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group: Group = None,
+    *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
+):
+    """:func:`ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]`` (k and v stacked on dim 2)."""
+    return _ring_flash_attn("ring_flash_attn_kvpacked_func", dict(q=q, kv=kv), dropout_p, softmax_scale, causal,
+                            window_size, alibi_slopes, return_attn_probs, group, False, backend)
+
+
+@catalogued
+def ring_flash_attn_qkvpacked_func(
+    qkv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Window = (-1, -1),
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group: Group = None,
+    *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
+):
+    """:func:`ring_flash_attn_func` with ``qkv [B, S, 3, H, D]`` (q, k, v stacked on dim 2)."""
+    return _ring_flash_attn("ring_flash_attn_qkvpacked_func", dict(qkv=qkv), dropout_p, softmax_scale, causal,
+                            window_size, alibi_slopes, return_attn_probs, group, False, backend)
+
+
+@catalogued
+def zigzag_ring_flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Window = (-1, -1),
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group: Group = None,
+    *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
+):
+    """:func:`ring_flash_attn_func` on the zigzag layout (rank ``r``: chunks ``r`` and ``2P-1-r`` of ``2P``)."""
+    return _ring_flash_attn("zigzag_ring_flash_attn_func", dict(q=q, k=k, v=v), dropout_p, softmax_scale, causal,
+                            window_size, alibi_slopes, return_attn_probs, group, True, backend)
+
+
+@catalogued
+def zigzag_ring_flash_attn_kvpacked_func(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Window = (-1, -1),
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group: Group = None,
+    *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
+):
+    """:func:`zigzag_ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]``."""
+    return _ring_flash_attn("zigzag_ring_flash_attn_kvpacked_func", dict(q=q, kv=kv), dropout_p, softmax_scale,
+                            causal, window_size, alibi_slopes, return_attn_probs, group, True, backend)
+
+
+@catalogued
+def zigzag_ring_flash_attn_qkvpacked_func(
+    qkv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Window = (-1, -1),
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group: Group = None,
+    *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
+):
+    """:func:`zigzag_ring_flash_attn_func` with ``qkv [B, S, 3, H, D]``."""
+    return _ring_flash_attn("zigzag_ring_flash_attn_qkvpacked_func", dict(qkv=qkv), dropout_p, softmax_scale,
+                            causal, window_size, alibi_slopes, return_attn_probs, group, True, backend)
+
+
+#: The six entry points, for :func:`with_backend` users (``kernels.sequence_parallel``).
+RING_FLASH_ATTN_FUNCS = (
+    ring_flash_attn_func, ring_flash_attn_kvpacked_func, ring_flash_attn_qkvpacked_func,
+    zigzag_ring_flash_attn_func, zigzag_ring_flash_attn_kvpacked_func, zigzag_ring_flash_attn_qkvpacked_func,
+)
+
+
+def with_backend(func: Callable, backend: AttentionBackend) -> Callable:
+    """``func`` (an entry point of this module) computing with ``backend``: same signature, same errors."""
+    @functools.wraps(func)
+    def bound(*args, **kwargs):
+        return func(*args, backend=backend, **kwargs)
+
+    return bound

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import attn_ref
 from attn_ref import sequence_parallel as sp
 from attn_ref.sequence_parallel import checks
+from attn_ref.sequence_parallel.launch import _as_rank_failure
 from test_sequence_parallel_ranks import _attention, _attention_lowp
 from tolerance import assert_close_fa, assert_lse_close
 
@@ -164,6 +165,15 @@ def test_launch_refuses_out_of_range_timeouts(timeout_s, message):
         sp.launch(print, 2, timeout_s=timeout_s)
 
 
+@pytest.mark.parametrize("ending", [SystemExit(0), KeyboardInterrupt()])
+def test_a_ranks_exit_is_reported_as_that_ranks_failure(ending):
+    error = _as_rank_failure(ending, rank=1, world_size=4)
+    assert isinstance(error, ChildProcessError) and error.__cause__ is ending
+    assert str(error).startswith(f"rank 1 of 4 ended with {type(ending).__name__}")
+    plain = ValueError("bad")
+    assert _as_rank_failure(plain, 1, 4) is plain  # an Exception is the rank's error itself
+
+
 def test_disagreement_message_names_the_first_field_that_differs():
     summaries = [("f", {"q": ((1, 8), "torch.float32"), "causal": True}, None),
                  ("f", {"q": ((1, 8), "torch.float16"), "causal": False}, "ValueError: x")]
@@ -223,6 +233,11 @@ def _default_group_collectives(world: int, rank: int) -> dict:
     return dict(x=x, gathered=sp.all_gather(x, dim=1), heads=sp.all_to_all_4d(x), received=received)
 
 
+def _packed_kv(qkv):
+    q, k, v = qkv
+    return q, torch.stack([k, v], dim=2)
+
+
 def _disagreements(world: int, rank: int) -> dict:
     """Calls in which rank 0 differs from the others; every rank reports ``(type, message)``."""
     first = rank == 0
@@ -234,6 +249,7 @@ def _disagreements(world: int, rank: int) -> dict:
         "dtype": lambda: sp.ring_flash_attn_func(q.half() if first else q, k.half() if first else k,
                                                  v.half() if first else v),
         "sequence length": lambda: sp.ring_attention(*_qkv(s=6 if first else 8)),
+        "head dim": lambda: sp.ring_flash_attn_kvpacked_func(*_packed_kv(_qkv(d=8 if first else D))),
         "heads": lambda: sp.USPAttention(8 if first else 4, D, 2)(*_qkv(h=8 if first else 4)),
         "replicated count": lambda: sp.USPAttention(4, D, 2, groups=layouts[(1, world)])(
             q, k, v, num_replicated_prefix=1 if first else 2),
@@ -256,7 +272,7 @@ def _disagreements(world: int, rank: int) -> dict:
 
 
 DISAGREEMENT_FIELDS = {
-    "dtype": "q", "sequence length": "q", "heads": "heads", "replicated count": "counts",
+    "dtype": "q", "sequence length": "q", "head dim": "q", "heads": "heads", "replicated count": "counts",
     "group layout": "layout", "one rank's bad argument": "q", "different calls": "the call",
     "group layout 2x2 vs 4x1": "layout",
 }

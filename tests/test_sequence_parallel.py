@@ -237,18 +237,23 @@ def _usp_call(counts, q_rows=8, kv_rows=8):
 @pytest.mark.parametrize("call, exc, message", [
     (_usp_call(dict(attn_mask=torch.ones(2, 8, dtype=torch.bool))), NotImplementedError,
      "attn_mask is not supported by this USPAttention"),
-    (_usp_call(dict(num_replicated_prefix=True)), TypeError, "num_replicated_prefix must be an int, got bool"),
-    (_usp_call(dict(num_replicated_suffix=-2)), ValueError, "num_replicated_suffix must be >= 0, got -2"),
-    (_usp_call(dict(num_replicated_prefix=2, num_replicated_kv_prefix=2)), ValueError,
-     "USPAttention supports at most one replicated-token mode per call."),
-    (_usp_call(dict(num_replicated_prefix=8)), ValueError,
-     "num_replicated_prefix (8) must be smaller than q's local sequence length (8)"),
-    (_usp_call(dict(num_replicated_kv_prefix=3), kv_rows=10), ValueError,
-     "k and v must have q's sequence length + 3 K/V-only prefix rows (dim 1): q 8, k 10, v 10"),
 ])
 def test_usp_forward_errors(call, exc, message):
     with pytest.raises(exc, match=re.escape(message)):
         call()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("counts", [
+    dict(num_replicated_prefix=True), dict(num_replicated_suffix=-2), dict(num_replicated_prefix=8),
+    dict(num_replicated_prefix=2, num_replicated_kv_prefix=2), dict(num_replicated_kv_prefix=3),
+])
+def test_one_rank_usp_is_local_attention_whatever_the_counts_as_upstream(counts, causal):
+    # sglang: one rank (or skip_sequence_parallel) calls the local attention before reading the counts.
+    q, _, _ = _qkv(s=8)
+    _, k, v = _qkv(s=10)
+    out = sp.USPAttention(4, D, 2, causal=causal)(q, k, v, **counts)
+    torch.testing.assert_close(out, _reference(q, k, v, causal)[0])
 
 
 def test_groups_need_torch_distributed_for_more_than_one_rank():

@@ -301,6 +301,13 @@ def error_cases(world: int) -> list[ErrorCase]:
                   re.escape("USPAttention supports at most one replicated-token mode per call."),
                   lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(
                       *_qkv(), num_replicated_prefix=1, num_replicated_suffix=1)),
+        ErrorCase("usp-count-bool", TypeError, r"num_replicated_prefix must be an int, got bool",
+                  lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(*_qkv(), num_replicated_prefix=True)),
+        ErrorCase("usp-count-negative", ValueError, r"num_replicated_suffix must be >= 0, got -2",
+                  lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(*_qkv(), num_replicated_suffix=-2)),
+        ErrorCase("usp-kv-prefix-rows", ValueError,
+                  re.escape("k and v must have q's sequence length + 3 K/V-only prefix rows (dim 1): q 8, k 8, v 8"),
+                  lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(*_qkv(), num_replicated_kv_prefix=3)),
         ErrorCase("usp-zigzag-odd-block", ValueError, ZIGZAG_ODD,
                   lambda api, g: api.USPAttention(4, HEAD_DIM, causal=True, groups=g(1, w), zigzag=True)(*_qkv(seq=7))),
         ErrorCase("usp-replicated-too-long", ValueError,

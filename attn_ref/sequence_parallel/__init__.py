@@ -36,7 +36,8 @@ project's sequence-parallel spec):
   (``Hkv % P == 0``); it can also return the LSEs (``return_softmax_lse=True``).
 * USPAttention is correct with ``causal=True`` and replicated tokens, under ring too (each chunk
   pair is masked by its place in the global sequence); sglang's ring relies on the backend's
-  pre-configured mask. It checks "at most one replicated mode" at every SP size, also 1.
+  pre-configured mask. As in sglang, on one rank (or with ``skip_sequence_parallel``) it is local
+  attention of q over k/v and the replicated counts are not read.
 * Not implemented: attention masks / padding metadata, varlen USP, the segmented ``q_prefix``
   inputs, K/V gather inside USPAttention, UlyssesAttention_VSA, dropout, and autograd (forward only).
 """

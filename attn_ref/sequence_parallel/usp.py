@@ -138,14 +138,16 @@ class USPAttention(torch.nn.Module):
                 docstring; at most one is non-zero.
             skip_sequence_parallel_override: this call only, as ``skip_sequence_parallel=True``:
                 q attends k/v ``[B, S_kv, Hkv, D]`` (any length) locally, and the counts are ignored,
-                as in sglang.
+                as in sglang. A single rank (SP size 1) does the same.
             return_softmax_lse: also return the LSE ``[B, S, H]`` (fp32).
 
         Returns:
             ``out [B, S, H, D]`` in q's dtype (and ``lse`` when asked).
         """
         counts = (num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
-        if self.skip_sequence_parallel or skip_sequence_parallel_override:
+        if self.skip_sequence_parallel or skip_sequence_parallel_override or self.groups.sp_size == 1:
+            # sglang's order: skip or a single rank is local attention, before the replicated counts are read
+            # (on one rank the replicated rows are ordinary rows of q, k, v; the result is the same).
             self._check_local_call(q, k, v, attn_mask)
             return self._local(q, k, v, return_softmax_lse)
         fields = dict(
@@ -198,7 +200,7 @@ class USPAttention(torch.nn.Module):
             check_zigzag_rows(u_degree * (q.shape[1] - q_rep_rows), "ulysses_degree x sharded rows per rank")
 
     def _check_local_call(self, q, k, v, attn_mask):
-        """``skip_sequence_parallel``: q ``[B, S, H, D]`` over k, v ``[B, S_kv, Hkv, D]`` of any length."""
+        """Skip or one rank: q ``[B, S, H, D]`` over k, v ``[B, S_kv, Hkv, D]`` of any length."""
         check_tensors(q=q, k=k, v=v)
         check_4d(q=q, k=k, v=v)
         check_no_attn_mask(attn_mask)

@@ -8,7 +8,8 @@ Nothing is written into ``docs/``: every page and JSON document is a ``File.gene
   :func:`errors.catalog.docs_url` prints in exception notes);
 * ``api/errors/<id>.json``: the entry, serialised as the catalog serialises it
   (:func:`entry_json`), so its bytes are those of the entry in ``errors/catalog.json``;
-* ``api/errors/index.json``: package, version and one summary row per entry;
+* ``api/errors/index.json``: package, version and one summary row per entry, with its message
+  template and regex (the site's search matches pasted messages with them: ``error-search.js``);
 * ``api/errors/schema.json``: ``errors/schema.json``, byte for byte.
 """
 
@@ -48,7 +49,8 @@ def entry_json(entry: dict) -> str:
 def index_json(catalog: dict) -> str:
     rows = [
         {"id": e["id"], "slug": e["slug"], "status": e["status"], "type": e["exception"]["type"],
-         "area": e["area"], "summary": e["summary"], "docs_url": e["docs_url"], "api_url": e["api_url"]}
+         "area": e["area"], "summary": e["summary"], "docs_url": e["docs_url"], "api_url": e["api_url"],
+         "template": e["message"]["template"], "regex": e["message"]["regex"]}
         for e in catalog["errors"]
     ]
     doc = {"package": catalog["package"], "package_version": catalog.get("package_version"),

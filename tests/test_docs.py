@@ -8,8 +8,12 @@ link, anchor, include or nav entry fails it). The browser test drives Debian's C
 from __future__ import annotations
 
 import functools
+import html
 import http.server
+import importlib
+import inspect
 import json
+import re
 import os
 import subprocess
 import sys
@@ -26,6 +30,8 @@ from docs_hooks.error_pages import entry_json  # noqa: E402
 from docs_hooks.source_includes import definition_lines  # noqa: E402
 from errors import catalog as cat  # noqa: E402
 
+#: The path of the published site (``site_url``'s path): pages refer to their assets through it (404.html).
+SITE_PATH = "attn-ref"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -33,7 +39,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    site_dir = tmp_path_factory.mktemp("site")
+    """The built site, in a folder named as the path of ``site_url`` (``attn-ref``), as it is published."""
+    site_dir = tmp_path_factory.mktemp("site") / SITE_PATH
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
         cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=600,
@@ -74,6 +81,30 @@ def test_source_include_finds_definitions():
     assert lines[end - 1].strip() == "return visible"
     with pytest.raises(PluginError, match="no definition 'not_there'"):
         definition_lines(path, "not_there")
+
+
+def parameter_rows(site: Path, page: str, qualname: str) -> list[tuple[str, str]]:
+    """``(name, default)`` of each row of the Parameters table of ``qualname`` on an API page."""
+    text = (site / page).read_text(encoding="utf-8")
+    after_heading = text[text.index(f'id="{qualname}"'):]
+    table = after_heading.split("Parameters:", 1)[1].split("</table>", 1)[0]  # its first table
+    rows = []
+    for row in re.findall(r'<tr class="doc-section-item">(.*?)</tr>', table, re.S):
+        cells = [html.unescape(re.sub(r"<[^>]+>", "", cell)).strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
+        rows.append((cells[0], cells[-1]))
+    return rows
+
+
+@pytest.mark.parametrize("page, qualname, function", [
+    ("reference/attn_ref/index.html", "attn_ref.flash_attn_with_kvcache", "attn_ref.flash_attn_with_kvcache"),
+    ("reference/attn_ref/index.html", "attn_ref.attention_with_lse", "attn_ref.attention_with_lse"),
+    ("reference/kernels/index.html", "kernels.kvcache.attend", "kernels.kvcache.attend"),
+])
+def test_api_tables_have_one_row_per_parameter_with_its_default(site, page, qualname, function):
+    module, name = function.rsplit(".", 1)
+    signature = inspect.signature(getattr(importlib.import_module(module), name))
+    expected = [(p.name, "required" if p.default is p.empty else repr(p.default)) for p in signature.parameters.values()]
+    assert parameter_rows(site, page, qualname) == expected
 
 
 def test_every_catalog_entry_has_a_page(site, catalog):
@@ -119,66 +150,187 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def heading(page) -> str:
-    """The page's h1 without Material's permalink sign."""
-    return page.locator("article h1").inner_text().rstrip("¶").strip()
-
-
-def search(page, served: str, text: str):
-    """Type ``text`` into Material's search box on the home page; the result items (at least one)."""
-    page.goto(served + "/")
-    page.locator("label.md-search__icon, .md-search__input").first.click()
-    page.locator("input.md-search__input").press_sequentially(text, delay=10)  # keystrokes, as a reader
-    results = page.locator(".md-search-result__item")
-    results.first.wait_for(timeout=15_000)  # times out when the search finds nothing
-    return results
-
-
 @pytest.fixture(scope="module")
 def served(site):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(site)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(site.parent)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield f"http://127.0.0.1:{server.server_address[1]}/{SITE_PATH}"
     server.shutdown()
 
 
-def test_browser_home_error_page_and_search(served, catalog):
+class Browser:
+    """One Chromium page on the served site that records every problem a reader would meet.
+
+    Every request that leaves the site is recorded and aborted (as offline); console errors, page
+    errors, failed requests and HTTP errors are recorded too. :meth:`problems` returns and clears them.
+    """
+
+    def __init__(self, playwright, served: str):
+        self.served = served
+        self.browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        self.page = self.browser.new_page(viewport={"width": 1400, "height": 900})
+        self._problems: list[str] = []
+        self.page.route("**/*", self._route)
+        self.page.on("pageerror", lambda exc: self._problems.append(f"page error: {exc}"))
+        self.page.on("console", lambda msg: self._problems.append(f"console {msg.type}: {msg.text}")
+                     if msg.type == "error" else None)
+        # A request cut off by the next navigation (net::ERR_ABORTED, e.g. the favicon) is no fault;
+        # a missing file shows up as an HTTP error below.
+        self.page.on("requestfailed", lambda r: self._problems.append(f"failed: {r.url} ({r.failure})")
+                     if r.url.startswith(served) and r.failure != "net::ERR_ABORTED" else None)
+        self.page.on("response", lambda r: self._problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+
+    def _route(self, route):
+        url = route.request.url
+        if url.startswith(self.served + "/") or url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            self._problems.append(f"request outside the site: {url}")
+            route.abort()
+
+    def problems(self) -> list[str]:
+        found, self._problems = self._problems, []
+        return found
+
+    def open(self, path: str):
+        response = self.page.goto(self.served + path)
+        assert response is not None and response.ok, path
+        # MathJax (tutorial pages) typesets after load: wait until it is done.
+        self.page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise.then(() => null) : null")
+        return self.page
+
+
+@pytest.fixture(scope="module")
+def browser(served):
     assert CHROMIUM.is_file(), "Debian's chromium is missing: `make browser` installs it (apt-get install chromium)"
     from playwright.sync_api import sync_playwright
 
-    problems = []
     with sync_playwright() as playwright:
         # Playwright gives the browser a fresh, empty profile (toolchain.md's --user-data-dir) itself.
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
-        page = browser.new_page()
-        # Errors of the site itself. Requests that leave localhost (Material asks api.github.com for the
-        # repository's stars) fail offline and are not the site's fault.
-        page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-        page.on("console", lambda msg: problems.append(f"console: {msg.text}")
-                if msg.type == "error" and msg.location.get("url", "").startswith(served) else None)
-        # A request cut off by the next navigation (net::ERR_ABORTED, e.g. the favicon) is no fault;
-        # a missing file shows up as an HTTP 404 below.
-        page.on("requestfailed", lambda r: problems.append(f"failed: {r.url} ({r.failure})")
-                if r.url.startswith(served) and r.failure != "net::ERR_ABORTED" else None)
-        page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+        reader = Browser(playwright, served)
+        yield reader
+        reader.browser.close()
 
-        assert page.goto(served + "/").ok
-        assert heading(page) == "attn-ref"
 
-        entry = catalog["errors"][0]
-        assert page.goto(f"{served}/errors/{entry['id']}/").ok
-        assert heading(page) == entry["summary"]
-        assert page.locator("article").get_by_text("What it means").count() == 1
+#: Text outside code that still looks like TeX: a backslash command or $-delimited math.
+RAW_TEX = r"/\\[a-zA-Z]{2,}|\$\$|\$[^$\s][^$]*\$/"
+PAGE_FAULTS = """() => {
+  const broken = [...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src);
+  const walker = document.createTreeWalker(document.querySelector("article") || document.body, NodeFilter.SHOW_TEXT);
+  const tex = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const parent = node.parentElement;
+    if (parent.closest("pre, code, script, style, mjx-container")) continue;
+    if (!parent.getClientRects().length) continue;  // not shown
+    const found = node.textContent.match(%s);
+    if (found) tex.push(found[0]);
+  }
+  return {broken, tex};
+}""" % RAW_TEX
 
-        assert "only_qv" in search(page, served, "only_qv").first.inner_text().replace("\u200b", "")
-        # An error message typed into the search box leads to its catalog page.
-        message = next(e["message"]["template"] for e in catalog["errors"] if not e["message"]["placeholders"])
-        hits = search(page, served, " ".join(message.split()[:6]))
-        assert any("/errors/" in (hits.nth(i).locator("a").first.get_attribute("href") or "")
-                   for i in range(hits.count())), message
-        browser.close()
-    assert problems == []
+
+def site_pages(site: Path) -> list[str]:
+    """The URL path of every HTML page of the built site."""
+    pages = []
+    for html in sorted(site.rglob("*.html")):
+        rel = html.relative_to(site).as_posix()
+        pages.append("/" + rel.removesuffix("index.html"))
+    return pages
+
+
+def heading(page) -> str:
+    """The page's h1 without Material's permalink sign."""
+    return page.locator("article h1").first.inner_text().rstrip("¶").strip()
+
+
+def test_browser_every_page_offline_without_errors(browser, site):
+    """Every page: no request outside the site, no console error, every image loads, no raw TeX."""
+    pages = site_pages(site)
+    assert len(pages) > 100 and "/tutorials/02_masks_and_positions/" in pages
+    faults = {}
+    for path in pages:
+        page = browser.open(path)
+        found = page.evaluate(PAGE_FAULTS)
+        problems = browser.problems() + [f"broken image {src}" for src in found["broken"]] + [
+            f"raw TeX {tex!r}" for tex in found["tex"]]
+        if problems:
+            faults[path] = problems
+    assert not faults, "\n".join(f"{path}: {problem}" for path, problems in faults.items() for problem in problems)
+    page = browser.open("/tutorials/02_masks_and_positions/")
+    assert page.locator("mjx-container").count() > 20, "MathJax typeset the tutorial's math"
+
+
+def raised(call) -> BaseException:
+    """The exception ``call()`` raises (it must raise)."""
+    try:
+        call()
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        return exc
+    raise AssertionError("the call did not raise")
+
+
+def real_errors() -> list[BaseException]:
+    """Errors raised by the package itself, with numbers in their messages."""
+    import torch
+
+    import attn_ref
+    from attn_ref.sequence_parallel import UlyssesAttention
+
+    q, cache, new = torch.zeros(1, 1, 2, 8), torch.zeros(1, 8, 2, 8), torch.zeros(1, 1, 2, 8)
+    x = torch.zeros(1, 4, 2, 8)
+    return [
+        raised(lambda: attn_ref.flash_attn_with_kvcache(q, cache, cache.clone(), k=new, v=new, cache_seqlens=8)),
+        raised(lambda: UlyssesAttention(2, 8)(x, x, x, replicated_q=x)),
+        raised(lambda: attn_ref.flash_attn_with_kvcache([1], cache, cache)),
+        raised(lambda: attn_ref.flash_attn_with_kvcache(q, cache, cache, num_splits=1.5)),
+    ]
+
+
+def first_search_result(browser, text: str) -> str:
+    """Paste ``text`` into Material's search box; the link of the first result once the catalog's
+    match is shown (error-search.js adds it when the message matches an entry's regex)."""
+    page = browser.page
+    page.locator("label.md-search__icon, .md-search__input").first.click()
+    page.locator("input.md-search__input").fill(text)  # a paste: one input event with the whole text
+    page.locator(".md-search-result__list > .error-search-match").wait_for(timeout=10_000)
+    return page.locator(".md-search-result__item").first.locator("a").first.get_attribute("href") or ""
+
+
+def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
+    errors = real_errors()
+    assert "exceeds the cache capacity (8 tokens per sequence)" in str(errors[0])
+    assert str(errors[1]) == "Replicated Q, K, and V must be provided together."
+    page = browser.open("/")
+    # Every catalog regex compiles in the browser (error-search.js leaves out those that do not).
+    matchable = [e["id"] for e in catalog["errors"] if cat.literal_length(e)]
+    assert page.evaluate("async () => (await attnRefErrorSearch.load()).map(e => e.id)") == matchable
+    for exc in errors:
+        for pasted in (str(exc), f"{type(exc).__name__}: {exc}"):
+            # The entry `python -m errors explain` gives for the same text (a template that two raise
+            # sites share leads to one of them, as there).
+            entry = cat.lookup(pasted, catalog)
+            assert entry is not None, pasted
+            href = first_search_result(browser, pasted)
+            assert href.rstrip("/").endswith(f"errors/{entry['id']}"), (pasted, href)
+    for exc in errors[:2]:  # messages of one raise site: the entry of the exception itself
+        assert cat.lookup(str(exc), catalog)["id"] == cat.lookup(exc, catalog)["id"]
+    # Free text still searches the pages.
+    browser.page.locator("input.md-search__input").fill("")
+    browser.page.locator("input.md-search__input").press_sequentially("only_qv", delay=10)
+    first = browser.page.locator(".md-search-result__item").first
+    first.wait_for(timeout=15_000)
+    assert "only_qv" in first.inner_text().replace("\u200b", "")
+    assert browser.problems() == []
+
+
+def test_browser_home_and_an_error_page(browser, catalog):
+    assert heading(browser.open("/")) == "attn-ref"
+    entry = catalog["errors"][0]
+    page = browser.open(f"/errors/{entry['id']}/")
+    assert heading(page) == entry["summary"]
+    assert page.locator("article").get_by_text("What it means").count() == 1
+    assert browser.problems() == []
 
 
 def test_concept_figures_are_what_the_script_draws(tmp_path):

@@ -14,6 +14,9 @@ When they differ, every rank sees the same gathered rows, so all of them take a 
 an ``all_gather_object`` of the readable metadata, and the same :func:`~.checks.check_ranks_agree`
 error on every rank, naming the first field that differs and each rank's value.
 
+Ranks whose groups have different members cannot meet in one collective; that call still waits
+until the process group's timeout. (Groups with the same members are shared, :mod:`.groups`.)
+
 Cost: one single-tensor all-gather of ``3 x P`` int64 values (plus a device-to-host copy on NCCL).
 Measured on gloo (CPU): see ``docs/concepts/sequence-parallel.md``. Turn it off with the
 environment variable ``ATTN_REF_SP_CHECK_RANKS=0`` (or ``false``, ``no``, ``off``): each rank then

@@ -122,7 +122,7 @@ def flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
         q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
-        softcap, rotary_interleaved, num_splits, only_qv, sinks, out,
+        softcap, rotary_interleaved, num_splits, only_qv, sinks, out, ver,
     )
     append_kv(call)
     result, lse, out_accum, lse_accum = attend(call)
@@ -163,7 +163,7 @@ def attend(call: KVCacheCall):
     for i in range(call.batch_size):
         rows = slice(row, row + call.seqlens_q[i])
         row += call.seqlens_q[i]
-        if call.empty_kv:
+        if call.empty_kv or call.num_heads == 0:
             continue
         partials = _split_states(call, i, n_splits)
         o, lse = reduce(lambda a, b: merge_attention_states(*a, *b), partials)

@@ -6,6 +6,7 @@ written into ``k_cache`` / ``v_cache`` before every check has passed.
 
 Order of the checks:
 
+0. sglang's ``ver`` check (``sgl_kernel.flash_attn only supports ver=3, got ...``), first of all.
 1. sglang's own Python checks, verbatim and in sglang's order (``v_cache must be provided``, the two
    ``contiguous last dimension`` checks, ``k_cache can only be None when only_qv=True``,
    ``q can only be None when only_qv=True``, ``q must be provided unless qv is provided with
@@ -14,7 +15,15 @@ Order of the checks:
    stride messages with ``assert``; here they are ``ValueError`` with the same text.
 2. This package's extra checks, for what upstream leaves to C++ ``TORCH_CHECK`` s (``RuntimeError``)
    or to undefined behaviour: types, dtypes, devices, shapes, head divisibility, index ranges, cache
-   capacity, page size, rotary table length, qv/out strides, conflicting cache writes.
+   capacity, page size, rotary table length, qv/out strides, conflicting cache writes, memory shared
+   between a tensor that is written and another argument.
+
+Compatibility rule (spec section 1.7): a call FA3 accepts is accepted here with the same result, and
+what FA3 ignores in a configuration is ignored here too, without a check: ``rotary_seqlens`` and
+``rotary_sin`` without ``rotary_cos``, ``v`` and ``cu_seqlens_k_new`` without ``k``, the fp8 descales
+for other dtypes. Option values get FA3's meaning: a negative window side is unbounded, a window
+side at least as long as the static lengths is unbounded, ``attention_chunk`` goes through ``int()``
+and ``<= 0`` is off, ``softcap <= 0`` (or NaN) is off and is used in float32, as FA3 does.
 
 The result is a :class:`KVCacheCall`: the resolved arguments plus per-batch lengths as Python ints,
 which is everything an implementation needs to compute the answer.
@@ -25,17 +34,26 @@ Notation used in shapes: ``b`` batch, ``sq`` query length, ``h`` query heads, ``
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
-from .paged import flat_slot_index
+from .paged import cache_slots, flat_slot_index
 
 #: Input dtypes both implementations accept (fp32 is an addition to upstream's fp16/bf16/fp8).
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 #: Largest ``num_splits`` (FA3's limit).
 MAX_NUM_SPLITS = 256
+#: Integer options reach FA3's C++ as int64 (window sides, ``attention_chunk``).
+INT64_MAX = 2**63 - 1
+#: Largest finite float32: ``softmax_scale`` and ``softcap`` reach FA3's kernels as float32.
+FLOAT32_MAX = 3.4028234663852886e38
+#: ``|softmax_scale|`` above which (without softcap) the validation bounds the logits from the data.
+LARGE_SCALE = 1e4
 
 
 @dataclass
@@ -129,8 +147,16 @@ def _require_tensor(name: str, x: object) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
 
 
+def _head_dim(name: str, x: torch.Tensor) -> int:
+    """``x.shape[-1]`` (the head dim); a 0-d tensor has none."""
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have a last (head) dimension, got a 0-d tensor")
+    return x.shape[-1]
+
+
 def _require_contiguous_last_dim(name: str, x: torch.Tensor) -> None:
     # Same text as sglang's ``assert k_cache.stride(-1) == 1, "..."`` (and the v_cache one).
+    _head_dim(name, x)
     if x.stride(-1) != 1:
         raise ValueError(f"{name} must have contiguous last dimension")
 
@@ -191,18 +217,151 @@ def _optional_int32_vector(name: str, x, batch: int, device: torch.device) -> Op
     return x.tolist()
 
 
-def _window_pair(window_size) -> tuple[int, int]:
+def _int64(x) -> Optional[int]:
+    """``x`` as an int if it is one (Python or numpy int, integer 1-element tensor) within int64, as
+    FA3's int64 arguments need, else None. Bools and floats are not ints here."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
+        return None
     try:
-        left, right = int(window_size[0]), int(window_size[1])
-        well_formed = len(window_size) == 2
-    except (TypeError, ValueError, IndexError):
-        well_formed = False
-    if not well_formed or left < -1 or right < -1:
+        value = operator.index(x)
+    except TypeError:
+        return None
+    return value if -INT64_MAX - 1 <= value <= INT64_MAX else None
+
+
+def _window_pair(window_size) -> tuple[int, int]:
+    """``(left, right)`` from ``window_size[0]``, ``window_size[1]`` (FA3 reads only those two)."""
+    try:
+        sides = _int64(window_size[0]), _int64(window_size[1])
+    except (TypeError, IndexError, KeyError):
+        sides = None, None
+    if None in sides:
         raise ValueError(
-            f"window_size must be two ints (left, right), each >= -1 (-1 = unbounded), "
-            f"got {window_size!r}"
+            f"window_size must hold two ints (left, right) in int64 range, a negative side meaning "
+            f"unbounded, got {window_size!r}"
         )
-    return left, right
+    return sides
+
+
+def _chunk_size(attention_chunk) -> int:
+    """sglang's ``0 if attention_chunk is None else int(attention_chunk)``; ``<= 0`` is off (FA3)."""
+    try:
+        chunk = _int64(0 if attention_chunk is None else int(attention_chunk))
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        chunk = None
+    if chunk is None:
+        raise ValueError(
+            f"attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), "
+            f"got {attention_chunk!r}"
+        )
+    return max(chunk, 0)
+
+
+def _require_real(name: str, x) -> float:
+    """A real Python / numpy number (not a bool) as a float."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    return float(x)
+
+
+def _require_float32_finite(name: str, x: float) -> None:
+    """FA3 computes with ``name`` as a float32: NaN, inf and values beyond its range are garbage there."""
+    if not (math.isfinite(x) and abs(x) <= FLOAT32_MAX):
+        raise ValueError(f"{name} must be finite in float32 (|{name}| <= 3.4e38), got {x!r}")
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to float32 (the precision FA3's kernels get it in), as a Python float."""
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory shared between tensors. The call writes the caches (append) and ``out``; a written element
+# that another argument also reads, or that two slots share, makes the result depend on the order of
+# the writes (FA3 runs them in parallel). Offsets below are in elements of the tensor's storage.
+# --------------------------------------------------------------------------------------------------
+
+
+def _non_overlapping(x: torch.Tensor) -> bool:
+    """True if no two elements of ``x`` share memory: sorted by stride, every dimension's stride
+    exceeds the span of the smaller ones (a stride-0 / expanded view fails; a sufficient test)."""
+    span = 0
+    for stride, size in sorted((st, n) for st, n in zip(x.stride(), x.shape) if n > 1):
+        if stride <= span:
+            return False
+        span += (size - 1) * stride
+    return True
+
+
+def _all_offsets(x: torch.Tensor) -> torch.Tensor:
+    """Storage offsets of every element of ``x``, ``(x.numel(),)`` int64."""
+    offsets = torch.tensor([x.storage_offset()], dtype=torch.int64)
+    for size, stride in zip(x.shape, x.stride()):
+        offsets = (offsets[:, None] + torch.arange(size, dtype=torch.int64) * stride).flatten()
+    return offsets
+
+
+def _contains(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Which storage ``offsets`` are elements of ``x`` (``x`` non-overlapping): peel the dimensions off
+    from the largest stride down; an offset is an element iff nothing is left at the end."""
+    rest = offsets - x.storage_offset()
+    inside = rest >= 0
+    for stride, size in sorted(((st, n) for st, n in zip(x.stride(), x.shape) if n > 1), reverse=True):
+        index = torch.clamp(torch.div(rest, stride, rounding_mode="floor"), 0, size - 1)
+        rest = rest - index * stride
+    return inside & (rest == 0)
+
+
+def _shares_memory(x: torch.Tensor, offsets, y: torch.Tensor) -> bool:
+    """Whether elements of ``x`` at ``offsets()`` (a callable, evaluated only if needed) lie in ``y``'s
+    memory. Different element sizes over one byte range count as shared."""
+    if x.numel() == 0 or y.numel() == 0 or "meta" in (x.device.type, y.device.type):
+        return False
+    if x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr():
+        return False
+
+    def byte_range(t):
+        last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        return t.storage_offset() * t.element_size(), (last + 1) * t.element_size()
+
+    (x0, x1), (y0, y1) = byte_range(x), byte_range(y)
+    if x1 <= y0 or y1 <= x0:
+        return False
+    if x.element_size() != y.element_size() or not _non_overlapping(y):
+        return True
+    return bool(_contains(y, offsets().to(torch.int64)).any())
+
+
+def _require_writable(name: str, x: torch.Tensor) -> None:
+    """``x`` is written in place: it must not require grad nor have elements that share memory."""
+    if x.requires_grad:
+        raise ValueError(f"{name} requires grad, but the call writes it in place; pass a tensor that "
+                         f"does not require grad (e.g. {name}.detach())")
+    if not _non_overlapping(x):
+        raise ValueError(f"{name} has elements that share memory (e.g. a stride-0 view from expand), "
+                         f"but the call writes it in place; pass a tensor with its own memory per "
+                         f"element (e.g. {name}.contiguous())")
+
+
+def _require_unshared(name: str, x: torch.Tensor, offsets, others: dict) -> None:
+    """The elements of ``x`` the call writes (``offsets()``) must not be memory of another argument."""
+    for other_name, y in others.items():
+        if other_name != name and isinstance(y, torch.Tensor) and _shares_memory(x, offsets, y):
+            raise ValueError(f"{name} shares memory with {other_name}, and the call writes {name}: "
+                             f"pass tensors that do not overlap")
+
+
+def _cache_write_offsets(cache: torch.Tensor, page_table, rows, starts, lens) -> torch.Tensor:
+    """Storage offsets of every element the append writes into ``cache``: positions
+    ``starts[i] .. starts[i] + lens[i] - 1`` of cache row ``rows[i]``, all heads and channels."""
+    table = page_table.cpu() if page_table is not None else None
+    tokens = []
+    for row, start, n in zip(rows, starts, lens):
+        major, minor = cache_slots(row, torch.arange(start, start + n), table, cache.shape[1])
+        tokens.append(major * cache.stride(0) + minor * cache.stride(1))
+    heads = torch.arange(cache.shape[2]) * cache.stride(2)
+    channels = torch.arange(cache.shape[3]) * cache.stride(3)
+    return (cache.storage_offset() + torch.cat(tokens)[:, None, None] + heads[:, None] + channels).flatten()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,13 +375,17 @@ def check_kvcache_args(
     cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
     q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
     window_size=(-1, -1), attention_chunk=None, softcap=0.0, rotary_interleaved=True,
-    num_splits=0, only_qv=False, sinks=None, out=None,
+    num_splits=0, only_qv=False, sinks=None, out=None, ver=3,
 ) -> KVCacheCall:
     """Validate a ``flash_attn_with_kvcache`` call and resolve its arguments.
 
     Raises ``ValueError`` (``TypeError`` for a wrong Python type) before anything is written.
     See the module docstring for the order. Returns a :class:`KVCacheCall`.
     """
+    # ---- 0. sglang's version check (SGL-B), before everything else ------------------------------
+    if not _is_three(ver):
+        raise ValueError(f"sgl_kernel.flash_attn only supports ver=3, got {ver!r}")
+
     # ---- 1. sglang's checks, verbatim and in sglang's order ------------------------------------
     if v_cache is None:
         raise ValueError("v_cache must be provided")
@@ -232,8 +395,10 @@ def check_kvcache_args(
         if not only_qv:
             raise ValueError("k_cache can only be None when only_qv=True")
         # sglang's placeholder: the only_qv path never reads K. Head size from q, else k, else 64.
-        source = q if q is not None else k
-        k_head_size = source.shape[-1] if source is not None else 64
+        source_name, source = ("q", q) if q is not None else ("k", k)
+        if source is not None:
+            _require_tensor(source_name, source)
+        k_head_size = _head_dim(source_name, source) if source is not None else 64
         like = source if source is not None else v_cache
         k_cache = torch.empty((*v_cache.shape[:-1], k_head_size), dtype=like.dtype, device=like.device)
     _require_tensor("k_cache", k_cache)
@@ -243,6 +408,7 @@ def check_kvcache_args(
             raise ValueError("q can only be None when only_qv=True")
         if qv is None:
             raise ValueError("q must be provided unless qv is provided with only_qv=True")
+        _require_tensor("qv", qv)
         # sglang's dummy q: never read on the only_qv path; its head dim is k_cache's.
         q = torch.empty((*qv.shape[:-1], k_cache.shape[-1]), dtype=qv.dtype, device=qv.device)
     _require_tensor("q", q)
@@ -250,9 +416,13 @@ def check_kvcache_args(
         if only_qv:
             if qv is None:
                 raise ValueError("only_qv=True requires qv to be provided")
-            softmax_scale = qv.shape[-1] ** (-0.5)
+            _require_tensor("qv", qv)
+            softmax_scale = _default_scale("qv.shape[-1]", _head_dim("qv", qv))
         else:
-            softmax_scale = (q.shape[-1] + (qv.shape[-1] if qv is not None else 0)) ** (-0.5)
+            if qv is not None:
+                _require_tensor("qv", qv)
+            dims = _head_dim("q", q) + (_head_dim("qv", qv) if qv is not None else 0)
+            softmax_scale = _default_scale("q.shape[-1] + qv.shape[-1]" if qv is not None else "q.shape[-1]", dims)
 
     # ---- 2. this package's checks ----------------------------------------------------------------
     if only_qv and qv is None:
@@ -277,12 +447,13 @@ def check_kvcache_args(
         _require_device("cu_seqlens_q", cu_seqlens_q, device)
         if max_seqlen_q is None:
             raise ValueError("max_seqlen_q must be provided if cu_seqlens_q is provided")
+        static_sq = _require_int("max_seqlen_q", max_seqlen_q)
         _require_ndim("q", q, 3, "(total_q, h, d) when cu_seqlens_q is given")
         q_offsets = _require_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q.shape[0]")
         batch = len(q_offsets) - 1
         seqlens_q = [b - a for a, b in zip(q_offsets, q_offsets[1:])]
         q_starts = q_offsets[:-1]
-        if max(seqlens_q, default=0) > int(max_seqlen_q):
+        if max(seqlens_q, default=0) > static_sq:
             raise ValueError(
                 f"max_seqlen_q={max_seqlen_q} is smaller than the longest sequence in "
                 f"cu_seqlens_q ({max(seqlens_q)})"
@@ -290,6 +461,7 @@ def check_kvcache_args(
     else:
         _require_ndim("q", q, 4, "(batch, seqlen_q, h, d)")
         batch = q.shape[0]
+        static_sq = q.shape[1]
         seqlens_q = [q.shape[1]] * batch
         q_starts = [0] * batch
     num_heads, head_dim = q.shape[-2], q.shape[-1]
@@ -320,9 +492,9 @@ def check_kvcache_args(
         capacity = k_cache.shape[1]
         batch_k = k_cache.shape[0]
 
-    # Which cache row (or page-table row) serves each batch entry.
-    cache_rows = _optional_int32_vector("cache_batch_idx", cache_batch_idx, batch, device)
-    if cache_rows is None:
+    # Which cache row (or page-table row) serves each batch entry. FA3 reads the first b entries of
+    # cache_batch_idx (it checks neither its length nor its values): longer is fine, shorter is not.
+    if cache_batch_idx is None:
         if batch_k != batch:
             what = "page_table.shape[0]" if page_table is not None else "k_cache.shape[0]"
             raise ValueError(
@@ -330,15 +502,17 @@ def check_kvcache_args(
             )
         cache_rows = list(range(batch))
     else:
+        _require_tensor("cache_batch_idx", cache_batch_idx)
+        if cache_batch_idx.dim() == 1 and cache_batch_idx.shape[0] > batch:
+            cache_batch_idx = cache_batch_idx[:batch]
+        cache_rows = _optional_int32_vector("cache_batch_idx", cache_batch_idx, batch, device)
         _require_index_range("cache_batch_idx", cache_rows, 0, batch_k)
 
-    # New keys/values.
-    if (k is None) != (v is None):
-        raise ValueError("k and v must be given together (new keys and values to append), got only one")
+    # New keys/values. FA3 ignores v and cu_seqlens_k_new when k is not given.
     new_lens, new_starts = [0] * batch, [0] * batch
-    if cu_seqlens_k_new is not None and k is None:
-        raise ValueError("cu_seqlens_k_new describes packed k/v, but k and v were not given")
     if k is not None:
+        if v is None:
+            raise ValueError("k and v must be given together (new keys and values to append), got only one")
         for name, x, dim in (("k", k, head_dim), ("v", v, head_dim_v)):
             _require_tensor(name, x)
             _require_device(name, x, device)
@@ -360,6 +534,8 @@ def check_kvcache_args(
             new_starts = k_offsets[:-1]
         else:
             new_lens = [k.shape[1]] * batch
+    else:
+        v = None
 
     # Cache lengths and left padding.
     if isinstance(cache_seqlens, int):
@@ -368,7 +544,7 @@ def check_kvcache_args(
                 "cache_seqlens must be a (batch,) int32 tensor when cu_seqlens_q is given: sglang "
                 "expands an int to q.shape[0] entries, which is total_q, not the batch size"
             )
-        seqlens_c = [cache_seqlens] * batch
+        seqlens_c = [int(cache_seqlens)] * batch
     elif cache_seqlens is None:
         seqlens_c = [capacity] * batch
     else:
@@ -393,7 +569,8 @@ def check_kvcache_args(
         used = [p for i in range(batch)
                 for p in rows[cache_rows[i]][: -(-(seqlens_c[i] + new_lens[i]) // page_size)]]
         _require_index_range("page_table", used, 0, k_cache.shape[0])
-    if k is not None and sum(new_lens) > 0:
+    appending = k is not None and sum(new_lens) > 0
+    if appending:
         # Two batch entries writing one cache slot would leave "any of the duplicates" (FA3 docs).
         written = torch.cat([
             flat_slot_index(k_cache, cache_rows[i], torch.arange(seqlens_c[i], seqlens_c[i] + new_lens[i]),
@@ -416,27 +593,30 @@ def check_kvcache_args(
         _require_shape("qv", qv, (*q.shape[:-1], head_dim_v), "(q's shape with v's head dim)")
         _require_contiguous_last_dim("qv", qv)
 
-    # Rotary embedding of the new keys (and of q).
-    if (rotary_cos is None) != (rotary_sin is None):
-        raise ValueError("rotary_cos and rotary_sin must be given together, got only one")
-    rotary_dim = 0
-    if rotary_seqlens is not None and rotary_cos is None:
-        raise ValueError("rotary_seqlens was given without rotary_cos / rotary_sin")
-    rotary_starts = _optional_int32_vector("rotary_seqlens", rotary_seqlens, batch, device) or seqlens_c
-    window = _window_pair(window_size)
+    # Masks, as FA3 normalises them. A window side that is negative, or at least as long as the
+    # static lengths (cache capacity; sq, or the max_seqlen_q argument for varlen q), is unbounded;
+    # a chunk at least as long as both is the same as any longer chunk.
+    left, right = _window_pair(window_size)
+    left = -1 if left < 0 or left >= capacity - 1 else left
+    right = -1 if right < 0 or right >= static_sq - 1 else right
     if causal:
-        window = (window[0], 0)
-    chunk = 0 if attention_chunk is None else int(attention_chunk)
-    if chunk < 0:
-        raise ValueError(f"attention_chunk must be None or >= 0 (0 = off), got {attention_chunk!r}")
-    # Rotary positions of q: P0 + i in causal/local mode, else every row at P0 (FA3's
-    # FixedPosition). The mode is taken after FA3's window normalisation, which compares with the
-    # static lengths (cache capacity; sq, or the max_seqlen_q argument for varlen q):
-    # wl >= capacity - 1 -> unbounded, wr >= static_sq - 1 -> unbounded.
-    static_sq = int(max_seqlen_q) if varlen_q else q.shape[1]
-    local = (0 <= window[0] < capacity - 1) or (0 <= window[1] < static_sq - 1)
-    q_fixed = not (causal or chunk > 0 or local)
+        right = 0
+    chunk = _chunk_size(attention_chunk)
+    # Rotary positions of q: P0 + i in causal/local mode, else every row at P0 (FA3's FixedPosition).
+    q_fixed = not (causal or chunk > 0 or left >= 0 or right >= 0)
+    # Same masks with bounded numbers (the kernels take int32): a right side beyond the longest query
+    # sequence, or a chunk beyond both the capacity and that length, changes nothing any more.
+    longest_q = max(seqlens_q, default=0)
+    right = -1 if right > longest_q else right
+    chunk = min(chunk, max(capacity, longest_q, 1))
+
+    # Rotary embedding of the new keys (and of q). FA3 ignores rotary_sin and rotary_seqlens
+    # without rotary_cos.
+    rotary_dim = 0
+    rotary_starts = seqlens_c
     if rotary_cos is not None:
+        if rotary_sin is None:
+            raise ValueError("rotary_cos and rotary_sin must be given together, got only one")
         if k is None:
             raise ValueError(
                 "If rotary cos/sin are provided, new key / value to be appended to KV cache must "
@@ -460,16 +640,23 @@ def check_kvcache_args(
                 f"with page_table, rotary_cos must have at least max_pages_per_seq * page_size = "
                 f"{capacity} rows, got {rotary_cos.shape[0]}"
             )
+        rotary_starts = _optional_int32_vector("rotary_seqlens", rotary_seqlens, batch, device) or seqlens_c
         for i in range(batch):
-            last_key = rotary_starts[i] + new_lens[i]
-            last_q = rotary_starts[i] + (1 if q_fixed else seqlens_q[i])
+            # Table rows read: P0 .. P0 + N - 1 for the keys, P0 (.. P0 + sq - 1) for the queries.
+            q_rows = 0 if only_qv or seqlens_q[i] == 0 else 1 if q_fixed else seqlens_q[i]
+            if max(new_lens[i], q_rows) == 0:
+                continue
+            if rotary_starts[i] < 0:  # would wrap to the table's last rows (PyTorch) or read before it
+                _require_index_range("rotary_seqlens", [rotary_starts[i]], 0, rotary_cos.shape[0])
+            last_key, last_q = rotary_starts[i] + new_lens[i], rotary_starts[i] + q_rows
             if max(last_key, last_q) > rotary_cos.shape[0]:
                 raise ValueError(
                     f"batch entry {i}: rotary positions up to {max(last_key, last_q) - 1} are "
                     f"needed, but rotary_cos has only {rotary_cos.shape[0]} rows"
                 )
 
-    # FP8 descale factors: (b, h_k) float32, used only with fp8 inputs.
+    # FP8 descale factors: (b, h_k) float32, used only with fp8 inputs (FA3 ignores them otherwise).
+    descales = (q_descale, k_descale, v_descale) if q.dtype == torch.float8_e4m3fn else (None, None, None)
     if q.dtype == torch.float8_e4m3fn:
         for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
             if x is not None:
@@ -483,9 +670,17 @@ def check_kvcache_args(
         _require_device("sinks", sinks, device)
         _require_float("sinks", sinks)
         _require_shape("sinks", sinks, (num_heads,), "(h,)")
-    if softcap < 0:
-        raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
-    if not isinstance(num_splits, int) or num_splits > MAX_NUM_SPLITS:
+
+    # Scalars reach FA3's kernels as float32; softcap <= 0 (and NaN) is off there.
+    softmax_scale = _require_real("softmax_scale", softmax_scale)
+    _require_float32_finite("softmax_scale", softmax_scale)
+    softcap = _require_real("softcap", softcap)
+    softcap = 0.0 if math.isnan(softcap) or softcap <= 0 else softcap
+    _require_float32_finite("softcap", softcap)
+    if softcap == 0 and abs(softmax_scale) > LARGE_SCALE:
+        _require_finite_logits(softmax_scale, q, k_cache, v_cache, k, v, qv, only_qv, rotary_cos is not None,
+                               (q_descale, k_descale) if q.dtype == torch.float8_e4m3fn else ())
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits > MAX_NUM_SPLITS:
         raise ValueError(
             f"num_splits must be an int <= {MAX_NUM_SPLITS} (<= 0 = heuristic, 1 = no split), "
             f"got {num_splits!r}"
@@ -498,20 +693,81 @@ def check_kvcache_args(
         _require_shape("out", out, (*q.shape[:-1], head_dim_v), "(q's shape with v's head dim)")
         _require_contiguous_last_dim("out", out)
 
+    # Memory the call writes: the appended cache slots, and out.
+    arguments = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos,
+                     rotary_sin=rotary_sin, sinks=sinks, q_descale=q_descale, k_descale=k_descale,
+                     v_descale=v_descale, out=out)
+    if appending:
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            _require_writable(name, cache)
+            offsets = lambda cache=cache: _cache_write_offsets(  # noqa: E731
+                cache, page_table, cache_rows, seqlens_c, new_lens)
+            _require_unshared(name, cache, offsets, arguments)
+    if out is not None:
+        _require_writable("out", out)
+        _require_unshared("out", out, lambda: _all_offsets(out), arguments)
+
     # FA3 skips the kernel when q's batch x k_cache.shape[1] + new tokens == 0 ("zero-length KV":
     # out 0, lse +inf). With a page table shape[1] is the page size (>= 1), so paged KV is never empty.
     total_new = k.shape[:-2].numel() if k is not None else 0
     return KVCacheCall(
         q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv,
-        rotary_cos=rotary_cos, rotary_sin=rotary_sin, page_table=page_table,
-        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, sinks=sinks, out=out,
+        rotary_cos=rotary_cos, rotary_sin=rotary_sin if rotary_cos is not None else None,
+        page_table=page_table,
+        sinks=sinks, out=out, **dict(zip(("q_descale", "k_descale", "v_descale"), descales)),
         batch_size=batch, num_heads=num_heads, num_heads_k=num_heads_k,
         head_dim=head_dim, head_dim_v=head_dim_v, varlen_q=varlen_q,
         seqlens_q=seqlens_q, q_starts=q_starts, cache_rows=cache_rows, cache_seqlens=seqlens_c,
         leftpads=leftpads, new_lens=new_lens, new_starts=new_starts, seqlens_k=seqlens_k,
         rotary_starts=rotary_starts, page_size=page_size, capacity=capacity,
-        softmax_scale=float(softmax_scale), causal=bool(causal), window_size=window,
-        attention_chunk=chunk, softcap=float(softcap), rotary_interleaved=bool(rotary_interleaved),
+        softmax_scale=softmax_scale, causal=bool(causal), window_size=(left, right),
+        attention_chunk=chunk, softcap=_float32(softcap), rotary_interleaved=bool(rotary_interleaved),
         rotary_dim=rotary_dim, rotary_q_fixed_position=q_fixed, only_qv=bool(only_qv),
-        num_splits=max(num_splits, 0), empty_kv=k_cache.shape[1] == 0 and total_new == 0,
+        num_splits=max(int(num_splits), 0), empty_kv=k_cache.shape[1] == 0 and total_new == 0,
     )
+
+
+def _require_finite_logits(scale, q, k_cache, v_cache, k, v, qv, only_qv, rotary, descales) -> None:
+    """With a huge ``softmax_scale`` the logits ``scale · s`` can leave float32 (FA3 then returns NaN):
+    refuse the call if ``|scale| · Σ_c max|q_c| · max|k_c|`` (plus the ``qv · V`` term) can reach
+    float32's range, with ``|s|`` bounded by head dim x largest entries (rotary at most doubles an
+    entry, an fp8 descale multiplies it)."""
+    def largest(*tensors):
+        found = [t[i].float().abs().max().item() for t in tensors if t is not None for i in range(t.shape[0])
+                 if t[i].numel()]
+        return max(found, default=0.0)
+
+    growth = (2.0 if rotary else 1.0) ** 2
+    for d in descales:
+        growth *= largest(d) if d is not None else 1.0
+    bound = 0.0 if only_qv else q.shape[-1] * largest(q) * largest(k_cache, k) * growth
+    if qv is not None:
+        bound += qv.shape[-1] * largest(qv) * largest(v_cache, v)
+    bound *= abs(scale)
+    if bound > FLOAT32_MAX / 4:  # margin for the base-2 logits and the log-sum-exp
+        raise ValueError(f"softmax_scale={scale!r} can make the logits overflow float32 for these inputs "
+                         f"(|softmax_scale · q·k| up to {bound:.3g}); use a smaller softmax_scale")
+
+
+def _is_three(ver) -> bool:
+    """sglang's ``ver != 3`` test, for any ``ver`` (a value whose comparison fails is not 3)."""
+    try:
+        return not bool(ver != 3)
+    except (TypeError, ValueError, RuntimeError):  # e.g. a multi-element tensor (ambiguous truth value)
+        return False
+
+
+def _default_scale(what: str, dims: int) -> float:
+    """sglang's default ``softmax_scale = dims ** -0.5``, undefined for a zero head dim."""
+    if dims == 0:
+        raise ValueError(f"softmax_scale=None means {what} ** -0.5, which is undefined for a head dim "
+                         f"of 0; pass softmax_scale")
+    return dims ** (-0.5)
+
+
+def _require_int(name: str, x) -> int:
+    """An int argument (Python / numpy int or integer 1-element tensor; not a bool)."""
+    value = _int64(x)
+    if value is None:
+        raise TypeError(f"{name} must be an int in int64 range, got {x!r}")
+    return value

@@ -90,14 +90,14 @@ def flash_attn_with_kvcache(
     Arguments, shapes and return values are those of :func:`attn_ref.flash_attn_with_kvcache`
     (sglang's API). ``num_splits``: 0 lets :func:`kernels.splits.choose_num_splits` decide, 1 never
     splits, ``n > 1`` runs ``n`` splits. ``pack_gqa``, ``scheduler_metadata``, ``sm_margin``,
-    ``score_mod``, ``aux_tensors`` and ``ver`` are accepted and ignored (the kernels always pack the
-    query heads of a KV head into one tile).
+    ``score_mod`` and ``aux_tensors`` are accepted and ignored (the kernels always pack the
+    query heads of a KV head into one tile); ``ver`` must be 3, as in sglang.
     """
     call = check_kvcache_args(
         q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
         q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
-        softcap, rotary_interleaved, num_splits, only_qv, sinks, out,
+        softcap, rotary_interleaved, num_splits, only_qv, sinks, out, ver,
     )
     launches, (result, lse, out_accum, lse_accum) = plan_kvcache(call)
     for launch in launches:
@@ -158,7 +158,8 @@ def plan_attend(call: KVCacheCall, meta: dict):
     h, dv, device, total_q = call.num_heads, call.head_dim_v, call.v_cache.device, call.total_q
     tiles = attention_tiles(call.num_heads // call.num_heads_k, max(call.seqlens_q, default=0),
                             call.head_dim, dv)
-    n = max(call.num_splits, 1) if call.empty_kv else call.num_splits or _heuristic_splits(call, tiles)
+    no_work = call.empty_kv or h == 0  # (zero query heads: nothing to compute, G = 0)
+    n = max(call.num_splits, 1) if no_work else call.num_splits or _heuristic_splits(call, tiles)
 
     # The validation guarantees a given `out` has the right shape, dtype and a contiguous last axis.
     out_shape = (*call.q.shape[:-1], dv)
@@ -179,7 +180,7 @@ def plan_attend(call: KVCacheCall, meta: dict):
             accum.zero_()
             lse_accum.fill_(float("-inf"))
         return [], results
-    if total_q == 0:
+    if total_q == 0 or h == 0:
         return [], results
     if n == 1:
         return [plan_attention(call, meta, out_view[None], lse_view[None], 1, tiles)], results

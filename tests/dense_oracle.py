@@ -91,6 +91,9 @@ def dense_attention(
     k_rep = None if only_qv else k.to(compute).repeat_interleave(g, dim=1)
     v_rep = v.to(compute).repeat_interleave(g, dim=1)
     scores = torch.zeros(h, sq, sk, dtype=compute)
+    # With softcap the scale goes inside the tanh as scale / softcap, after the dot products (as in
+    # FA3's kernel): scaling q or k first would overflow for a huge scale that tanh then saturates.
+    scale, inner = (1.0, scale / softcap) if softcap > 0 else (scale, 1.0)
     if upcast:
         if not only_qv:
             scores += torch.einsum("thd,shd->hts", q.to(compute) * scale, k_rep)
@@ -102,7 +105,7 @@ def dense_attention(
         if qv is not None:
             scores += torch.einsum("thd,shd->hts", qv.to(compute), v_rep * scale)
     if softcap > 0:
-        scores = torch.tanh(scores / softcap) * softcap  # before masking
+        scores = torch.tanh(scores * inner) * softcap  # before masking
     scores = scores.masked_fill(masked_keys(sq, sk, causal, window, chunk), float("-inf"))
     if sinks is not None:  # the sink is one more logit per head, with no value
         scores = torch.cat((scores, sinks.to(compute)[:, None, None].expand(h, sq, 1)), dim=-1)
@@ -132,15 +135,12 @@ def logical_cache(cache: torch.Tensor, page_table: Optional[torch.Tensor]) -> to
     return cache[page_table.long()].flatten(1, 2)  # (b_k, max_pages, P, ...) -> (b_k, max_pages*P, ...)
 
 
-def physical_cache(cache: torch.Tensor, logical: torch.Tensor, page_table: Optional[torch.Tensor]):
-    """Inverse of :func:`logical_cache`: the physical cache holding ``logical`` (pages not listed in
-    ``page_table`` keep their contents). Needs a page table without repeated pages."""
+def physical_slots(row: int, positions: torch.Tensor, page_table: Optional[torch.Tensor], page_size: int):
+    """Index ``(major, minor)`` of logical ``positions`` of cache row ``row``: ``(row, p)``, or with a
+    page table ``(page_table[row, p // P], p % P)``."""
     if page_table is None:
-        return logical
-    assert page_table.unique().numel() == page_table.numel(), "oracle needs distinct pages"
-    result = cache.clone()
-    result[page_table.long().flatten()] = logical.unflatten(1, (page_table.shape[1], -1)).flatten(0, 1)
-    return result
+        return torch.full_like(positions, row), positions
+    return page_table[row].long()[positions // page_size], positions % page_size
 
 
 def kvcache_oracle(
@@ -180,32 +180,42 @@ def kvcache_oracle(
     else:
         new_off = [i * k.shape[1] for i in range(b + 1)]
     k_new_rows = k.flatten(0, -3) if k is not None else None  # (total_new, h_k, d)
-    v_new_rows = v.flatten(0, -3) if v is not None else None
+    v_new_rows = v.flatten(0, -3) if k is not None else None  # v alone is ignored, as in FA3
     q_rows = q.flatten(0, -3) if q is not None else None  # (total_q, h, d)
     qv_rows = qv.flatten(0, -3) if qv is not None else None
-    ro_base = rotary_seqlens.tolist() if rotary_seqlens is not None else ends
+    # FA3 reads rotary_seqlens only with rotary tables
+    ro_base = rotary_seqlens.tolist() if rotary_seqlens is not None and rotary_cos is not None else ends
     if softmax_scale is None:
         softmax_scale = dv ** -0.5 if only_qv else (q.shape[-1] + (dv if qv is not None else 0)) ** -0.5
-    chunk = int(attention_chunk or 0)
+    chunk = max(int(attention_chunk or 0), 0)  # FA3: chunked only for > 0
+    softcap = torch.tensor(float(softcap), dtype=torch.float32).item()  # FA3's kernels get a float32
     # FA3 rotates every query at the base position unless the kernel runs causal or local; window
     # sides at least as wide as the static lengths do not count as local.
     static_sq = max_seqlen_q if varlen else ref.shape[1]
     wl, wr = int(window_size[0]), int(window_size[1])
     q_local = causal or chunk > 0 or 0 <= wl < capacity - 1 or 0 <= wr < static_sq - 1
 
-    # 1. Append (rotated) new tokens to the logical caches.
-    k_log = logical_cache(k_cache, page_table) if k_cache is not None else None
-    v_log = logical_cache(v_cache, page_table)
+    # 1. Append (rotated) new tokens to copies of the physical caches (a page listed twice in the
+    #    table is one page: what one sequence appends there, another one reads), then view them
+    #    logically.
+    k_phys = k_cache.clone() if k_cache is not None else None
+    v_phys = v_cache.clone()
     for i in range(b):
         n = new_off[i + 1] - new_off[i]
-        new_k = k_new_rows[new_off[i]:new_off[i + 1]] if n else None
-        if n and rotary_cos is not None:
+        if not n:
+            continue
+        new_k = k_new_rows[new_off[i]:new_off[i + 1]]
+        if rotary_cos is not None:
             pos = torch.arange(ro_base[i], ro_base[i] + n)
             new_k = rope(new_k, rotary_cos, rotary_sin, pos, rotary_interleaved)
-        if n and k_log is not None:
-            k_log[rows[i], ends[i]:ends[i] + n] = new_k.to(dtype)
-        if n:
-            v_log[rows[i], ends[i]:ends[i] + n] = v_new_rows[new_off[i]:new_off[i + 1]]
+        slots = physical_slots(rows[i], torch.arange(ends[i], ends[i] + n), page_table, v_cache.shape[1])
+        if k_phys is not None:
+            k_phys[slots] = new_k.to(dtype)
+        v_phys[slots] = v_new_rows[new_off[i]:new_off[i + 1]]
+    # Table entries past a sequence's pages are never read (and need not be valid page ids).
+    readable = page_table.clamp(0, v_cache.shape[0] - 1) if paged else None
+    k_log = logical_cache(k_phys, readable) if k_phys is not None else None
+    v_log = logical_cache(v_phys, readable)
 
     # 2. Attention of each sequence over its valid keys [leftpad, cache_seqlens + new).
     compute = torch.float32 if upcast else out_dtype
@@ -243,8 +253,7 @@ def kvcache_oracle(
         sq = ref.shape[1]
         out = out.view(b, sq, h, dv)
         lse = lse.view(h, b, sq).transpose(0, 1).contiguous()
-    k_after = physical_cache(k_cache, k_log, page_table) if k_cache is not None else None
-    return OracleResult(out, lse, k_after, physical_cache(v_cache, v_log, page_table))
+    return OracleResult(out, lse, k_phys, v_phys)
 
 
 def assert_matches_oracle(fn, args: dict, **knobs):

@@ -11,9 +11,10 @@ same tests run compiled on the GPU, with larger shapes (:data:`SCALE`); the orac
 import pytest
 import torch
 
+import attn_ref
 import kernels
 from dense_oracle import assert_matches_oracle
-from kvcache_cases import make_case
+from kvcache_cases import clone_args, make_case
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -78,6 +79,17 @@ def test_heads(heads, mask):
 @pytest.mark.parametrize("causal", [False, True])
 def test_softcap(dtype, causal):
     check(dtype=dtype, causal=causal, softcap=1.5, seqlen_new=1, descale=True, seed=1)
+
+
+@pytest.mark.parametrize("softcap", [1e3, 1e6, 1e10, 1e30])
+def test_large_softcap_matches_the_reference(softcap):
+    # A large cap makes tanh's argument tiny: 1 - 2 / (e^2x + 1) cancels there (softcap = 1e6 was
+    # 0.03 off in fp32); the kernel's tanh switches to its Taylor series below |x| = 1/4.
+    args = make_case(dtype=torch.float32, softcap=softcap, seqlen_q=3, seqlen_new=1, causal=True, seed=4)
+    out = assert_matches_oracle(run_kernels, args, num_splits=1)[0]
+    plain = attn_ref.flash_attn_with_kvcache(**clone_args(make_case(dtype=torch.float32, seqlen_q=3, seqlen_new=1,
+                                                                     causal=True, seed=4)))
+    torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-5)  # a cap this large changes nothing
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -2,8 +2,12 @@
 
 The base call appends new k/v, so a check that ran after the append would leave a trace in the
 caches. Each case changes a few arguments of the base call; ``UPSTREAM_ORDER`` pins sglang's five
-ValueErrors (and its two stride checks) and the order consequences of spec section 2.2.
+ValueErrors (and its two stride checks), SGL-B's ``ver`` check before them, and the order consequences
+of spec section 2.2. Calls upstream accepts (and arguments it ignores) are in
+``test_compat_fa3_kvcache.py``.
 """
+
+import re
 
 import pytest
 import torch
@@ -21,6 +25,12 @@ def base() -> dict:
         q=randn(2, 2, 4, 16), k_cache=randn(2, 8, 2, 16), v_cache=randn(2, 8, 2, 16),
         k=randn(2, 2, 2, 16), v=randn(2, 2, 2, 16), cache_seqlens=torch.tensor([3, 5], dtype=I32),
     )
+
+
+def _v_inside_k(args):
+    """MLA-like layout: v_cache is the first 16 channels of a 32-channel buffer that is also k_cache."""
+    shared = torch.randn(2, 8, 2, 32)
+    return dict(args, q=torch.randn(2, 2, 4, 32), k=torch.randn(2, 2, 2, 32), k_cache=shared, v_cache=shared[..., :16])
 
 
 def strided(*shape):
@@ -53,6 +63,10 @@ def drop(args, *names):
 
 
 UPSTREAM_ORDER = {
+    "ver_wins_over_everything": (
+        lambda a: dict(a, ver=4, v_cache=None, k_cache=None, q=None, softcap=None),
+        ValueError, "sgl_kernel.flash_attn only supports ver=3, got 4"),
+    "ver_repr": (lambda a: dict(a, ver="3"), ValueError, "sgl_kernel.flash_attn only supports ver=3, got '3'"),
     "v_cache_none_wins": (
         lambda a: dict(a, v_cache=None, k_cache=None, q=None, k=[1], page_table="bad"),
         ValueError, "v_cache must be provided"),
@@ -147,8 +161,9 @@ PACKAGE_CHECKS = {
                             "cache_seqlens must have shape (2,) (batch,), got (3,)"),
     "cache_leftpad_shape": (lambda a: dict(a, cache_leftpad=torch.tensor([0], dtype=I32)), ValueError,
                             "cache_leftpad must have shape (2,) (batch,), got (1,)"),
-    "cache_batch_idx_shape": (lambda a: dict(a, cache_batch_idx=torch.tensor([0, 1, 1], dtype=I32)), ValueError,
-                              "cache_batch_idx must have shape (2,) (batch,), got (3,)"),
+    # (a longer cache_batch_idx is accepted: FA3 reads its first b entries)
+    "cache_batch_idx_shape": (lambda a: dict(a, cache_batch_idx=torch.tensor([0], dtype=I32)), ValueError,
+                              "cache_batch_idx must have shape (2,) (batch,), got (1,)"),
     "rotary_seqlens_shape": (lambda a: dict(rotary(a), rotary_seqlens=torch.tensor([1], dtype=I32)), ValueError,
                              "rotary_seqlens must have shape (2,) (batch,), got (1,)"),
     "cu_seqlens_k_new_batch": (
@@ -193,8 +208,6 @@ PACKAGE_CHECKS = {
     # --- new keys and values
     "k_without_v": (lambda a: drop(a, "v"), ValueError,
                     "k and v must be given together (new keys and values to append), got only one"),
-    "cu_seqlens_k_new_without_k": (lambda a: dict(drop(a, "k", "v"), cu_seqlens_k_new=torch.tensor([0, 1, 2], dtype=I32)),
-                                   ValueError, "cu_seqlens_k_new describes packed k/v, but k and v were not given"),
     "k_without_cache_seqlens": (lambda a: drop(a, "cache_seqlens"), ValueError,
                                 "cache_seqlens must be given when k and v are appended to the cache"),
     # --- ranges
@@ -216,21 +229,76 @@ PACKAGE_CHECKS = {
                          "pages among the appended positions)"),
     # --- options
     "window_malformed": (lambda a: dict(a, window_size=(1,)), ValueError,
-                         "window_size must be two ints (left, right), each >= -1 (-1 = unbounded), got (1,)"),
-    "window_below_minus_one": (lambda a: dict(a, window_size=(-2, 0)), ValueError,
-                               "window_size must be two ints (left, right), each >= -1 (-1 = unbounded), got (-2, 0)"),
-    "attention_chunk_negative": (lambda a: dict(a, attention_chunk=-4), ValueError,
-                                 "attention_chunk must be None or >= 0 (0 = off), got -4"),
-    "softcap_negative": (lambda a: dict(a, softcap=-1.0), ValueError, "softcap must be >= 0 (0 = off), got -1.0"),
+                         "window_size must hold two ints (left, right) in int64 range, a negative side meaning "
+                         "unbounded, got (1,)"),
+    "window_float": (lambda a: dict(a, window_size=(1.9, -1)), ValueError,
+                     "window_size must hold two ints (left, right) in int64 range, a negative side meaning "
+                     "unbounded, got (1.9, -1)"),
+    "window_bool": (lambda a: dict(a, window_size=(True, -1)), ValueError,
+                    "window_size must hold two ints (left, right) in int64 range, a negative side meaning "
+                    "unbounded, got (True, -1)"),
+    "window_beyond_int64": (lambda a: dict(a, window_size=(10**30, -1)), ValueError,
+                            "window_size must hold two ints (left, right) in int64 range, a negative side meaning "
+                            f"unbounded, got ({10**30}, -1)"),
+    "attention_chunk_not_int": (lambda a: dict(a, attention_chunk="x"), ValueError,
+                                "attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), got 'x'"),
+    "attention_chunk_beyond_int64": (lambda a: dict(a, attention_chunk=2**70), ValueError,
+                                     "attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), "
+                                     f"got {2**70}"),
+    "softcap_none": (lambda a: dict(a, softcap=None), TypeError, "softcap must be a real number, got NoneType"),
+    "softcap_inf": (lambda a: dict(a, softcap=float("inf")), ValueError,
+                    "softcap must be finite in float32 (|softcap| <= 3.4e38), got inf"),
+    "softcap_beyond_float32": (lambda a: dict(a, softcap=1e39), ValueError,
+                               "softcap must be finite in float32 (|softcap| <= 3.4e38), got 1e+39"),
+    "softmax_scale_str": (lambda a: dict(a, softmax_scale="x"), TypeError, "softmax_scale must be a real number, got str"),
+    "softmax_scale_bool": (lambda a: dict(a, softmax_scale=True), TypeError, "softmax_scale must be a real number, got bool"),
+    "softmax_scale_nan": (lambda a: dict(a, softmax_scale=float("nan")), ValueError,
+                          "softmax_scale must be finite in float32 (|softmax_scale| <= 3.4e38), got nan"),
+    "softmax_scale_overflows": (lambda a: dict(a, softmax_scale=1e38), ValueError, re.compile(
+        r"softmax_scale=1e\+38 can make the logits overflow float32 for these inputs \(\|softmax_scale · q·k\| up to "
+        r"[0-9.e+]+\); use a smaller softmax_scale")),
+    "default_scale_zero_head_dim": (
+        lambda a: dict(drop(a, "k", "v"), q=torch.randn(2, 2, 4, 0), k_cache=torch.randn(2, 8, 2, 0)), ValueError,
+        "softmax_scale=None means q.shape[-1] ** -0.5, which is undefined for a head dim of 0; pass softmax_scale"),
+    "zero_dim_v_cache": (lambda a: dict(a, v_cache=torch.tensor(1.0)), ValueError,
+                         "v_cache must have a last (head) dimension, got a 0-d tensor"),
+    "zero_dim_q_default_scale": (lambda a: dict(a, q=torch.tensor(1.0)), ValueError,
+                                 "q must have a last (head) dimension, got a 0-d tensor"),
+    "max_seqlen_q_float": (lambda a: dict(varlen(a), max_seqlen_q=3.0), TypeError,
+                           "max_seqlen_q must be an int in int64 range, got 3.0"),
     "num_splits_too_large": (lambda a: dict(a, num_splits=257), ValueError,
                              "num_splits must be an int <= 256 (<= 0 = heuristic, 1 = no split), got 257"),
     "num_splits_not_int": (lambda a: dict(a, num_splits=2.0), ValueError,
                            "num_splits must be an int <= 256 (<= 0 = heuristic, 1 = no split), got 2.0"),
+    "num_splits_bool": (lambda a: dict(a, num_splits=True), ValueError,
+                        "num_splits must be an int <= 256 (<= 0 = heuristic, 1 = no split), got True"),
+    # --- memory the call writes (appended cache slots, out)
+    "k_cache_requires_grad": (lambda a: dict(a, k_cache=a["k_cache"].requires_grad_()), ValueError,
+                              "k_cache requires grad, but the call writes it in place; pass a tensor that does not "
+                              "require grad (e.g. k_cache.detach())"),
+    "out_requires_grad": (lambda a: dict(a, out=torch.zeros(2, 2, 4, 16, requires_grad=True)), ValueError,
+                          "out requires grad, but the call writes it in place; pass a tensor that does not require "
+                          "grad (e.g. out.detach())"),
+    "v_cache_expanded": (lambda a: dict(a, v_cache=a["v_cache"][:1].expand(2, -1, -1, -1),
+                                        cache_seqlens=torch.tensor([3, 5], dtype=I32)), ValueError,
+                         "v_cache has elements that share memory (e.g. a stride-0 view from expand), but the call "
+                         "writes it in place; pass a tensor with its own memory per element (e.g. v_cache.contiguous())"),
+    "out_broadcast": (lambda a: dict(a, out=torch.zeros(1, 2, 4, 16).expand(2, -1, -1, -1)), ValueError,
+                      "out has elements that share memory (e.g. a stride-0 view from expand), but the call writes "
+                      "it in place; pass a tensor with its own memory per element (e.g. out.contiguous())"),
+    "k_cache_is_v_cache": (lambda a: dict(a, v_cache=a["k_cache"]), ValueError,
+                           "k_cache shares memory with v_cache, and the call writes k_cache: pass tensors that do not overlap"),
+    "v_cache_inside_k_cache": (_v_inside_k, ValueError,
+                               "k_cache shares memory with v_cache, and the call writes k_cache: pass tensors that do not overlap"),
+    "out_is_q": (lambda a: dict(drop(a, "k", "v"), out=a["q"]), ValueError,
+                 "out shares memory with q, and the call writes out: pass tensors that do not overlap"),
+    "out_inside_v_cache": (lambda a: dict(drop(a, "k", "v"), q=torch.randn(2, 8, 2, 16), out=a["v_cache"]), ValueError,
+                           "out shares memory with v_cache, and the call writes out: pass tensors that do not overlap"),
     # --- rotary
     "rotary_one_table": (lambda a: dict(a, rotary_cos=torch.ones(16, 8)), ValueError,
                          "rotary_cos and rotary_sin must be given together, got only one"),
-    "rotary_seqlens_without_tables": (lambda a: dict(a, rotary_seqlens=torch.tensor([0, 0], dtype=I32)), ValueError,
-                                      "rotary_seqlens was given without rotary_cos / rotary_sin"),
+    "rotary_seqlens_negative": (lambda a: dict(rotary(a), rotary_seqlens=torch.tensor([1, -100], dtype=I32)), ValueError,
+                                "rotary_seqlens values must lie in [0, 16), got [-100]"),
     "rotary_without_new_kv": (lambda a: drop(rotary(a), "k", "v"), ValueError,
                               "If rotary cos/sin are provided, new key / value to be appended to KV cache must also be provided"),
     "rotary_dim_too_large": (lambda a: rotary(a, dim=32), ValueError,
@@ -261,9 +329,14 @@ def check_raises(change, error, message):
     with pytest.raises(error) as info:
         flash_attn_with_kvcache(**args)
     assert type(info.value) is error
-    assert str(info.value) == message
+    assert message_matches(str(info.value), message)
     after = [x for x in (args.get("k_cache"), args.get("v_cache")) if isinstance(x, torch.Tensor) and x.device.type != "meta"]
     assert all(torch.equal(x, y) for x, y in zip(caches, after))
+
+
+def message_matches(actual: str, expected) -> bool:
+    """``expected`` is the exact text, or a compiled pattern for a message with data in it."""
+    return bool(expected.fullmatch(actual)) if isinstance(expected, re.Pattern) else actual == expected
 
 
 def test_base_call_is_valid_and_appends():

@@ -100,8 +100,23 @@ def ring_flash_attn_func(
 ):
     """Ring attention of this rank's block ``q [B, S, H, D]`` over every rank's ``k, v [B, S, Hkv, D]``.
 
-    Contiguous layout: rank ``r`` of ``group`` holds tokens ``[r·S, (r+1)·S)``. Returns ``out``, or
-    ``(out, lse [B, H, S] fp32, None)`` with ``return_attn_probs=True``. See the module docstring.
+    Contiguous layout: rank ``r`` of ``group`` holds tokens ``[r·S, (r+1)·S)``. See the module docstring.
+
+    Args:
+        q: ``[B, S, H, D]`` this rank's queries; k, v: ``[B, S, Hkv, D]`` (``H % Hkv == 0``).
+        dropout_p: must be 0 (``NotImplementedError`` otherwise).
+        softmax_scale: default ``D ** -0.5``.
+        causal: causal over the global sequence.
+        window_size: ``(left, right)``; only windows that mask nothing beyond ``causal``.
+        alibi_slopes: must be None (``NotImplementedError`` otherwise).
+        deterministic: accepted, no effect (the forward is deterministic).
+        return_attn_probs: also return the LSE (and None for the probabilities).
+        group: the ring; None is the default group (the whole world).
+        backend: local attention + merge (the kernels' in :mod:`kernels.sequence_parallel`).
+
+    Returns:
+        ``out [B, S, H, D]`` in q's dtype, or ``(out, lse [B, H, S] fp32, None)`` with
+        ``return_attn_probs=True``.
     """
     return _ring_flash_attn("ring_flash_attn_func", dict(q=q, k=k, v=v), dropout_p, softmax_scale, causal,
                             window_size, alibi_slopes, return_attn_probs, group, False, backend)

@@ -3,9 +3,13 @@
 Nothing is written into ``docs/``: every page and JSON document is a ``File.generated`` added in
 ``on_files``, so ``mkdocs serve`` does not loop and the site always matches the catalog.
 
-* ``errors/index.md`` -> ``/errors/``: one table row per entry (message, type, area, link);
+* ``errors/index.md`` -> ``/errors/``: the entries by area, each a link with its type and message
+  (a list, not a table, so that it reads on a phone);
 * ``errors/<id>.md`` -> ``/errors/<id>/``: the entry's sections (the URL that
-  :func:`errors.catalog.docs_url` prints in exception notes);
+  :func:`errors.catalog.docs_url` prints in exception notes), among them the real output of its
+  trigger example (:mod:`docs_hooks.error_outputs`, run at build time) and its external aliases.
+  Entry pages are in the nav, one section per area (:data:`AREAS` names them), so they have the
+  sidebar and previous/next links;
 * ``api/errors/<id>.json``: the entry, serialised as the catalog serialises it
   (:func:`entry_json`), so its bytes are those of the entry in ``errors/catalog.json``;
 * ``api/errors/index.json``: package, version and one summary row per entry, with its message
@@ -18,18 +22,32 @@ from __future__ import annotations
 import html
 import json
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 from mkdocs.exceptions import PluginError
-from mkdocs.structure.files import File, InclusionLevel
+from mkdocs.structure.files import File
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # mkdocs loads hooks by path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from docs_hooks import error_outputs  # noqa: E402
 
 SECTION = "Errors"
 AFTER = "Benchmarks"
 EXAMPLE_TABS = [("trigger", "Triggers the error"), ("fixed", "Fixed"), ("guard", "Guard"),
                 ("predicate", "Predicate"), ("recovery", "Recovery")]
 REQUIREMENTS = {"cuda": "a CUDA GPU", "triton": "Triton"}
+#: Section names of the catalog's areas (an area not listed reads as its name with spaces).
+AREAS = {"arguments": "Arguments", "fp8": "FP8 inputs", "kv_cache": "KV cache", "merge": "Merging states",
+         "only_qv": "MLA: qv and only_qv", "options": "Options", "paged": "Paged KV cache", "rotary": "Rotary",
+         "sequence_parallel": "Sequence parallelism", "varlen": "Packed (varlen) sequences"}
+
+
+def area_title(area: str) -> str:
+    return AREAS.get(area, area.replace("_", " ").capitalize())
 
 
 def _catalog_module(config):
@@ -70,17 +88,18 @@ def _indent(text: str, spaces: int = 4) -> str:
 
 
 def _cell(text: str) -> str:
-    """Inline code that survives a markdown table: escaped HTML, no raw pipes or newlines."""
+    """Inline code as HTML that markdown leaves alone: escaped, no raw pipes or newlines."""
     return "<code>" + html.escape(text).replace("|", "&#124;").replace("\n", " ") + "</code>"
 
 
-def entry_page(entry: dict, by_id: dict) -> str:
+def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
+    """The markdown of an entry's page; ``output``: what its trigger printed (the real exception)."""
     message, when, examples, source = entry["message"], entry["when_it_happens"], entry["examples"], entry["source"]
     lines = [
-        "---", f"title: {json.dumps(entry['slug'])}", f"description: {json.dumps(entry['summary'])}", "---", "",
+        "---", f"title: {json.dumps(entry['summary'])}", f"description: {json.dumps(entry['summary'])}", "---", "",
         f"# {entry['summary']}", "",
-        f"`{entry['exception']['type']}` · area `{entry['area']}` · slug `{entry['slug']}` · id `{entry['id']}` · "
-        f"[JSON](../api/errors/{entry['id']}.json)", "",
+        f"`{entry['exception']['type']}` · {area_title(entry['area'])} · slug `{entry['slug']}` · "
+        f"id `{entry['id']}` · [JSON](../api/errors/{entry['id']}.json)", "",
     ]
     if entry["status"] == "removed":
         lines += ['!!! note "No longer raised"', "", _indent(entry["removed_note"]), ""]
@@ -88,6 +107,12 @@ def entry_page(entry: dict, by_id: dict) -> str:
     renamed = [p for p in message["placeholders"] if p["expr"] != p["name"]]
     if renamed:
         lines += ["Placeholders: " + ", ".join(f"`{{{p['name']}}}` is `{p['expr']}`" for p in renamed) + ".", ""]
+    if output is not None:
+        lines += ["What Python prints at the end of the traceback when the [trigger](#example-fix) runs "
+                  "(captured when this page was built):", "", _fence(output, "text"), ""]
+    aliases = entry.get("external_aliases", [])
+    if aliases:
+        lines += ["Also known as: " + "; ".join(_alias(alias) for alias in aliases) + ".", ""]
     lines += ["## What it means", "", entry["what_it_means"].rstrip(), "",
               "## When it happens", "", when["trigger"].rstrip(), ""]
     lines += [f"* {situation}" for situation in when["common_situations"]] + [""]
@@ -126,10 +151,17 @@ def entry_page(entry: dict, by_id: dict) -> str:
     return "\n".join(lines)
 
 
-def _table(entries: list[dict]) -> list[str]:
-    rows = [f"| {_cell(e['message']['template'])} | {e['exception']['type']} | `{e['area']}` | [{e['slug']}]({e['id']}.md) |"
-            for e in sorted(entries, key=lambda e: e["message"]["template"])]
-    return ["| Message | Type | Area | Entry |", "|---|---|---|---|", *rows, ""]
+def _alias(alias: dict) -> str:
+    """An external alias: its id, linked where it has a URL, its source and note."""
+    name = f"[`{alias['id']}`]({alias['url']})" if alias.get("url") else f"`{alias['id']}`"
+    return f"{name} ({alias['source']}{': ' + alias['note'].rstrip('.') if alias.get('note') else ''})"
+
+
+def _listing(entries: list[dict]) -> list[str]:
+    """One list item per entry: its summary as the link, then its type and message template."""
+    items = [f"* [{html.escape(e['summary'])}]({e['id']}.md) · {e['exception']['type']}<br>"
+             f"{_cell(e['message']['template'])}" for e in sorted(entries, key=lambda e: e["summary"].lower())]
+    return ['<div class="error-index" markdown>', "", *items, "", "</div>", ""]
 
 
 def index_page(catalog: dict) -> str:
@@ -148,43 +180,58 @@ def index_page(catalog: dict) -> str:
         "`api/errors/<id>.json` holds one entry exactly as in `errors/catalog.json`, and "
         "[`api/errors/schema.json`](../api/errors/schema.json) is its JSON Schema.", "",
     ]
-    active = [e for e in catalog["errors"] if e["status"] == "active"]
-    for area in sorted({e["area"] for e in active}):
-        lines += [f"## {area.replace('_', ' ').capitalize()}", ""] + _table([e for e in active if e["area"] == area])
-    removed = [e for e in catalog["errors"] if e["status"] == "removed"]
-    if removed:
-        lines += ["## No longer raised", ""] + _table(removed)
+    for title, entries in sections(catalog):
+        lines += [f"## {title}", ""] + _listing(entries)
     return "\n".join(lines)
 
 
+def sections(catalog: dict) -> list[tuple[str, list[dict]]]:
+    """``(title, entries)`` of the index and the nav: each area's active entries, then the removed ones."""
+    active = [e for e in catalog["errors"] if e["status"] == "active"]
+    by_area = sorted({e["area"] for e in active}, key=lambda area: area_title(area).lower())
+    found = [(area_title(area), [e for e in active if e["area"] == area]) for area in by_area]
+    removed = [e for e in catalog["errors"] if e["status"] == "removed"]
+    return found + ([("No longer raised", removed)] if removed else [])
+
+
 def on_config(config):
-    path = _catalog_module(config).CATALOG_PATH
+    catalog_module = _catalog_module(config)
     nav = [item for item in config["nav"] if SECTION not in item]
-    if path.exists():
+    if catalog_module.CATALOG_PATH.exists():
+        catalog = _load(catalog_module)
         at = next((n + 1 for n, item in enumerate(nav) if AFTER in item), len(nav) - 1)
-        nav.insert(at, {SECTION: "errors/index.md"})
+        pages = [{title: [f"errors/{e['id']}.md" for e in sorted(entries, key=lambda e: e["summary"].lower())]}
+                 for title, entries in sections(catalog)]
+        nav.insert(at, {SECTION: ["errors/index.md", *pages]})
     config["nav"] = nav
     return config
+
+
+def _load(catalog_module) -> dict:
+    try:
+        return catalog_module.load()
+    except catalog_module.CatalogError as exc:
+        raise PluginError(f"error pages: {exc}") from None
 
 
 def on_files(files, config):
     catalog_module = _catalog_module(config)
     if not catalog_module.CATALOG_PATH.exists():
         return files
-    try:
-        catalog = catalog_module.load()
-    except catalog_module.CatalogError as exc:
-        raise PluginError(f"error pages: {exc}") from None
+    catalog = _load(catalog_module)
     by_id = {entry["id"]: entry for entry in catalog["errors"]}
+    try:
+        printed = error_outputs.outputs(catalog, Path(config["config_file_path"]).parent)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        raise PluginError(f"error pages: {exc}") from None
     generated = {"errors/index.md": index_page(catalog),
                  "api/errors/index.json": index_json(catalog),
                  "api/errors/schema.json": catalog_module.SCHEMA_PATH.read_bytes()}
     for entry in catalog["errors"]:
-        generated[f"errors/{entry['id']}.md"] = entry_page(entry, by_id)
+        generated[f"errors/{entry['id']}.md"] = entry_page(entry, by_id, printed.get(entry["id"]))
         generated[f"api/errors/{entry['id']}.json"] = entry_json(entry)
     for src_uri, content in generated.items():
         if files.get_file_from_path(src_uri) is not None:
             raise PluginError(f"error pages: docs/{src_uri} exists; the catalog pages are generated, remove it")
-        # Entry pages are reached from the index, not from the nav.
-        files.append(File.generated(config, src_uri, content=content, inclusion=InclusionLevel.NOT_IN_NAV))
+        files.append(File.generated(config, src_uri, content=content))
     return files

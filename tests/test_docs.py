@@ -121,6 +121,20 @@ def test_every_catalog_entry_has_a_page(site, catalog):
         assert f'href="{entry["id"]}/"' in index, f"errors/index does not link {entry['id']}"
 
 
+def test_error_pages_show_the_real_output_and_sit_in_the_nav(site, catalog):
+    """The trigger's exception line, as raised at build time; the sidebar and previous/next links."""
+    for entry in catalog["errors"]:
+        text = (site / "errors" / entry["id"] / "index.html").read_text(encoding="utf-8")
+        assert 'class="md-footer__link md-footer__link--prev"' in text, entry["id"]
+        assert "md-nav__link--active" in text, f"{entry['id']} is not in the nav"
+        if entry["status"] == "active":
+            printed = html.unescape(re.sub(r"<[^>]+>", "", text.split("What Python prints", 1)[1].split("</pre>", 1)[0]))
+            type_line = next(line for line in printed.splitlines() if line.startswith(entry["exception"]["type"] + ": "))
+            assert re.fullmatch(entry["message"]["regex"], type_line.split(": ", 1)[1]), (entry["id"], type_line)
+        for alias in entry.get("external_aliases", []):
+            assert alias["id"] in text, (entry["id"], alias["id"])
+
+
 def test_error_pages_highlight_the_raise(site, catalog):
     for entry in catalog["errors"]:
         text = (site / "errors" / entry["id"] / "index.html").read_text(encoding="utf-8")

@@ -16,7 +16,11 @@ The line range is found with :mod:`ast` at every build, so the page always shows
 a definition that no longer exists fails the build. A dotted name (``"KVCacheCall.paged"``) reaches
 into a class; a module-level assignment (``"REFERENCE_BACKEND"``) is found by its target name.
 ``{{ source("attn_ref/kvcache.py", "attend", body=True) }}`` shows only the statements after the
-signature and docstring (for functions whose signature is shown elsewhere on the page).
+signature and docstring (for functions whose signature is shown elsewhere on the page), and
+``{{ source("kernels/attention.py", "_attention_kernel", start="# ---- load q", stop="# ---- logit") }}``
+only a part of the definition: from its first line that contains ``start`` up to (not including) the
+next line that contains ``stop`` (without ``stop``: to the end), trailing blank lines dropped. Side-by-side
+pages use parts to pair pieces of similar size; text that is not found fails the build.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 DIRECTIVE = re.compile(
-    r'^(?P<indent>[ \t]*)\{\{ source\("(?P<path>[^"]+)", "(?P<name>[^"]+)"(?P<body>, body=True)?\) \}\}[ \t]*$', re.M
+    r'^(?P<indent>[ \t]*)\{\{ source\("(?P<path>[^"]+)", "(?P<name>[^"]+)"(?P<body>, body=True)?'
+    r'(?:, start="(?P<start>[^"]+)")?(?:, stop="(?P<stop>[^"]+)")?\) \}\}[ \t]*$', re.M
 )
 
 
@@ -51,6 +56,32 @@ def definition_lines(path: Path, qualname: str, body_only: bool = False) -> tupl
     return start, node.end_lineno
 
 
+def part_lines(path: Path, qualname: str, start: str, stop: str | None = None) -> tuple[int, int]:
+    """First and last line of the part of ``qualname`` from the line containing ``start`` up to the line
+    before the next one containing ``stop`` (or the definition's end), trailing blank lines dropped."""
+    first, last = definition_lines(path, qualname)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    begin = next((n for n in range(first, last + 1) if start in lines[n - 1]), None)
+    if begin is None:
+        raise PluginError(f"source include: {qualname!r} in {path} has no line containing {start!r}")
+    end = last
+    if stop is not None:
+        end = next((n - 1 for n in range(begin + 1, last + 1) if stop in lines[n - 1]), None)
+        if end is None:
+            raise PluginError(f"source include: {qualname!r} in {path} has no line containing {stop!r} after {start!r}")
+    while end > begin and not lines[end - 1].strip():
+        end -= 1
+    return begin, end
+
+
+def include_lines(root: Path, match: re.Match) -> tuple[int, int]:
+    """The line range a ``source(...)`` directive includes."""
+    path = root / match["path"]
+    if match["start"]:
+        return part_lines(path, match["name"], match["start"], match["stop"])
+    return definition_lines(path, match["name"], body_only=bool(match["body"]))
+
+
 def _names(node: ast.stmt) -> list[str]:
     """Names a statement defines: a function, a class, or the targets of an assignment."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -67,8 +98,8 @@ def _code_block(match: re.Match, root: Path) -> str:
     path = root / rel
     if not path.is_file():
         raise PluginError(f"source include: no file {rel}")
-    start, end = definition_lines(path, name, body_only=bool(match["body"]))
-    title = f"{rel}: body of {name}" if match["body"] else rel
+    start, end = include_lines(root, match)
+    title = f"{rel}: body of {name}" if match["body"] else f"{rel}: part of {name}" if match["start"] else rel
     lines = [
         f'```python title="{title}" linenums="{start}"',
         f'--8<-- "{rel}:{start}:{end}"',

@@ -27,7 +27,7 @@ from mkdocs.exceptions import PluginError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from docs_hooks.error_pages import entry_json  # noqa: E402
-from docs_hooks.source_includes import definition_lines  # noqa: E402
+from docs_hooks.source_includes import DIRECTIVE, definition_lines, include_lines  # noqa: E402
 from errors import catalog as cat  # noqa: E402
 
 #: The path of the published site (``site_url``'s path): pages refer to their assets through it (404.html).
@@ -105,6 +105,24 @@ def test_api_tables_have_one_row_per_parameter_with_its_default(site, page, qual
     signature = inspect.signature(getattr(importlib.import_module(module), name))
     expected = [(p.name, "required" if p.default is p.empty else repr(p.default)) for p in signature.parameters.values()]
     assert parameter_rows(site, page, qualname) == expected
+
+
+PAIR = re.compile(r'<div class="side-by-side" markdown>\n\n=== "Reference"\n(?P<ref>.*?)\n=== "Kernel"\n(?P<kernel>.*?)\n</div>', re.S)
+
+
+def test_side_by_side_pairs_are_reference_and_kernel_pieces_of_similar_size():
+    pairs = []
+    for md in sorted((ROOT / "docs" / "side-by-side").glob("*.md")):
+        for pair in PAIR.finditer(md.read_text(encoding="utf-8")):
+            sizes = {}
+            for side, package in (("ref", "attn_ref/"), ("kernel", "kernels/")):
+                includes = list(DIRECTIVE.finditer(pair[side]))
+                assert includes and all(m["path"].startswith(package) for m in includes), (md.name, pair[side])
+                sizes[side] = sum(end - start + 1 for start, end in (include_lines(ROOT, m) for m in includes))
+            pairs.append((md.name, sizes["ref"], sizes["kernel"]))
+    assert len(pairs) >= 10
+    uneven = [p for p in pairs if max(p[1:]) > 2.5 * min(p[1:])]
+    assert not uneven, f"(page, reference lines, kernel lines) more than 2.5x apart: {uneven}"
 
 
 def test_every_catalog_entry_has_a_page(site, catalog):
@@ -335,6 +353,53 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
     first = browser.page.locator(".md-search-result__item").first
     first.wait_for(timeout=15_000)
     assert "only_qv" in first.inner_text().replace("\u200b", "")
+    assert browser.problems() == []
+
+
+#: For each pair on the page: the boxes of its visible columns and whether any code line is cut.
+PAIR_LAYOUT = """() => [...document.querySelectorAll(".side-by-side")].map(pair => {
+  const blocks = [...pair.querySelectorAll(":scope > .tabbed-set > .tabbed-content > .tabbed-block")]
+    .filter(b => b.getClientRects().length);
+  const cut = [...pair.querySelectorAll("pre > code")].some(c => c.getClientRects().length && c.scrollWidth > c.clientWidth + 1);
+  return {columns: blocks.map(b => b.getBoundingClientRect().x), cut};
+})"""
+OVERFLOW = "() => document.documentElement.scrollWidth - window.innerWidth"
+
+
+def test_browser_side_by_side_columns_and_narrow_screens(browser, catalog):
+    """Two columns, no line cut, from 1400 px down to 1000 px; tabs on a phone; the error index and
+    an error page read at 420 px. ATTN_REF_DOCS_SHOTS=<dir> also saves screenshots there."""
+    shots = os.environ.get("ATTN_REF_DOCS_SHOTS")
+    page, entry = browser.page, catalog["errors"][0]
+    for width in (1400, 1000, 420):
+        page.set_viewport_size({"width": width, "height": 1000})
+        browser.open("/side-by-side/attention/")
+        layout = page.evaluate(PAIR_LAYOUT)
+        assert len(layout) >= 5
+        for pair in layout:
+            assert len(pair["columns"]) == (2 if width >= 1000 else 1), (width, pair)
+            assert not pair["cut"], (width, "a code line is cut")
+        assert page.evaluate(OVERFLOW) <= 0, width
+        if shots:
+            page.screenshot(path=f"{shots}/side-by-side_{width}.png")
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    browser.open("/side-by-side/attention/")
+    # Pointing at a reference line that uses `softcap` highlights the kernel lines that use it.
+    page.locator(".side-by-side .tabbed-block").first.locator("code > span[id]", has_text="softcap").first.hover()
+    assert page.locator(".side-by-side .tabbed-block").nth(1).locator(".sbs-line-match").count() > 0
+    page.set_viewport_size({"width": 420, "height": 900})
+    for path in ("/errors/", f"/errors/{entry['id']}/"):
+        browser.open(path)
+        assert page.evaluate(OVERFLOW) <= 0, path
+        link = page.locator(".error-index a, article h1").first.bounding_box()
+        assert link["x"] >= 0 and link["x"] + link["width"] <= 420, path
+        if shots:
+            page.screenshot(path=f"{shots}/{'error-index' if path == '/errors/' else 'error-page'}_420.png")
+    if shots:
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        browser.open(f"/errors/{entry['id']}/")
+        page.screenshot(path=f"{shots}/error-page_1400.png")
+    page.set_viewport_size({"width": 1400, "height": 900})
     assert browser.problems() == []
 
 

@@ -147,8 +147,9 @@ def ring_attention_states(
 
     Args:
         q: ``[B, Sq, H, D]`` local queries, laid out as ``q_chunks``.
-        k, v: ``[B, Sk, Hkv, D|Dv]`` this rank's K/V block, the one that rotates; ``kv_chunks(s)``
-            gives the chunks of ring rank ``s``'s block.
+        k: ``[B, Sk, Hkv, D]`` this rank's key block, the one that rotates; ``kv_chunks(s)`` gives
+            the chunks of ring rank ``s``'s block.
+        v: ``[B, Sk, Hkv, Dv]`` this rank's value block, rotating with ``k``.
         fixed_kv: ``(k, v, chunks)`` attended once, at step 0, and never sent (replicated tokens).
 
     Returns:

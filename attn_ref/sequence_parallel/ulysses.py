@@ -59,18 +59,23 @@ from .groups import SequenceParallelGroups, layout_of as _layout
 class UlyssesAttention(torch.nn.Module):
     """Sequence-parallel attention over ``groups.sp_group`` (see the module docstring).
 
-    Args (sglang's, in sglang's order):
-        num_heads, head_size: query heads ``H`` and head dim ``D``.
+    The positional arguments and ``**extra_impl_args`` are sglang's, in sglang's order; the
+    keyword-only ``sp_attention_mode`` and ``groups`` are this package's.
+
+    Args:
+        num_heads: query heads ``H``.
+        head_size: head dim ``D``.
         num_kv_heads: ``Hkv`` (default ``H``; ``H % Hkv == 0``, GQA).
         softmax_scale: default ``head_size ** -0.5``.
         causal: causal attention over the global sequence (Ulysses mode only).
-        supported_attention_backends, prefix, extra_impl_args: accepted and kept as attributes;
-            in sglang they choose and name the local attention backend, here :attr:`backend` does.
-
-    Keyword-only (this package's):
+        supported_attention_backends: accepted and kept as an attribute; in sglang it chooses the
+            local attention backend, here :attr:`backend` does.
+        prefix: accepted and kept as an attribute (sglang's layer name).
         sp_attention_mode: ``"ulysses"``, ``"kv_gather"`` or ``"auto"``.
         groups: the SP layout (:func:`init_sequence_parallel_groups`); default: Ulysses over the
             whole default group, or a single rank without ``torch.distributed``.
+        **extra_impl_args: accepted and kept as the attribute ``extra_impl_args`` (sglang passes
+            them to its backend).
     """
 
     #: Local attention + merge; :mod:`kernels.sequence_parallel` rebinds it to the Triton kernels.
@@ -124,9 +129,13 @@ class UlyssesAttention(torch.nn.Module):
         """Attention of this rank's tokens (and the replicated ones) over the whole sequence.
 
         Args:
-            q: ``[B, S_l, H, D]``; k, v: ``[B, S_l, Hkv, D]``: this rank's shard (rank order).
-            replicated_q, replicated_k, replicated_v: ``[B, S_r, H|Hkv, D]`` tokens every rank holds
-                whole (a suffix of the sequence); all three or none.
+            q: ``[B, S_l, H, D]``: this rank's shard of the queries (rank order).
+            k: ``[B, S_l, Hkv, D]``: this rank's shard of the keys.
+            v: ``[B, S_l, Hkv, D]``: this rank's shard of the values.
+            replicated_q: ``[B, S_r, H, D]`` queries every rank holds whole (a suffix of the
+                sequence); ``replicated_q``, ``replicated_k`` and ``replicated_v`` come all three or none.
+            replicated_k: ``[B, S_r, Hkv, D]`` keys every rank holds whole.
+            replicated_v: ``[B, S_r, Hkv, D]`` values every rank holds whole.
             seq_lens: the local length ``S_l`` of every rank (unequal shards, Ulysses mode).
             return_softmax_lse: also return the LSEs (fp32, ``[B, S_l, H]`` / ``[B, S_r, H]``).
 

@@ -60,22 +60,27 @@ from .ring import PREFIX_POSITION, SUFFIX_POSITION, Chunk, block_chunks, ring_at
 class USPAttention(torch.nn.Module):
     """Unified sequence parallelism (Ulysses x ring), see the module docstring.
 
-    Args (sglang's, in sglang's order):
-        num_heads, head_size: query heads ``H`` and head dim ``D``.
+    The positional arguments and ``**extra_impl_args`` are sglang's, in sglang's order; the
+    keyword-only ``groups`` and ``zigzag`` are this package's.
+
+    Args:
+        num_heads: query heads ``H``.
+        head_size: head dim ``D``.
         num_kv_heads: ``Hkv`` (default ``H``; ``H % Hkv == 0``, GQA).
         softmax_scale: default ``head_size ** -0.5``.
         causal: causal attention over the global sequence.
-        supported_attention_backends, prefix, extra_impl_args: accepted and kept as attributes;
-            in sglang they choose and name the local attention backend, here :attr:`backend` does.
+        supported_attention_backends: accepted and kept as an attribute; in sglang it chooses the
+            local attention backend, here :attr:`backend` does.
+        prefix: accepted and kept as an attribute (sglang's layer name).
         dropout_rate: must be 0 (attention dropout is not implemented; ``NotImplementedError``).
         skip_sequence_parallel: K/V that every rank holds whole (cross-attention to encoder
             outputs): each rank's local queries attend the local K/V, with no exchange.
-
-    Keyword-only (this package's):
         groups: the SP layout (:func:`init_sequence_parallel_groups`); default: Ulysses over the
             whole default group (``R = 1``), or a single rank without ``torch.distributed``.
         zigzag: the tokens are sharded zigzag (:func:`shard_sequence` with ``zigzag=True``), which
             balances the causal ring; otherwise contiguous.
+        **extra_impl_args: accepted and kept as the attribute ``extra_impl_args`` (sglang passes
+            them to its backend).
     """
 
     #: Local attention + merge; :mod:`kernels.sequence_parallel` rebinds it to the Triton kernels.
@@ -130,12 +135,16 @@ class USPAttention(torch.nn.Module):
         """Attention of this rank's rows of q over the whole sequence.
 
         Args:
-            q: ``[B, S, H, D]``; k, v: ``[B, S + num_replicated_kv_prefix, Hkv, D]``: this rank's
-                shard, with the replicated rows (if any) at the start or the end.
+            q: ``[B, S, H, D]``: this rank's shard of the queries, with the replicated rows (if any)
+                at the start or the end.
+            k: ``[B, S + num_replicated_kv_prefix, Hkv, D]``: this rank's shard of the keys.
+            v: ``[B, S + num_replicated_kv_prefix, Hkv, D]``: this rank's shard of the values.
             attn_mask: sglang's padding mask; not supported here (must be None), kept in the
                 signature so that positional calls line up with sglang's.
-            num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix: see the module
-                docstring; at most one is non-zero.
+            num_replicated_prefix: leading rows of q, k and v that every rank holds whole (see the
+                module docstring); at most one of the three counts is non-zero.
+            num_replicated_suffix: trailing rows of q, k and v that every rank holds whole.
+            num_replicated_kv_prefix: leading rows of k and v only that every rank holds whole.
             skip_sequence_parallel_override: this call only, as ``skip_sequence_parallel=True``:
                 q attends k/v ``[B, S_kv, Hkv, D]`` (any length) locally, and the counts are ignored,
                 as in sglang. A single rank (SP size 1) does the same.

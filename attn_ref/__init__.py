@@ -7,9 +7,11 @@ against. All math runs in fp32 whatever the input dtype. Layout ``(batch, seq, h
 * Building blocks: :func:`attention_with_lse`, :func:`visible_keys`, :func:`apply_rotary`,
   :func:`gather_cache` / :func:`paged_to_dense`, :func:`merge_attention_states`, :func:`split_bounds`.
 * :func:`check_kvcache_args` - the validation shared with the kernels.
+* :func:`attention_backward` - the gradients of attention from its saved output and LSE.
 """
 
 from .attention import attention_with_lse
+from .backward import attention_backward
 from .kvcache import flash_attn_with_kvcache
 from .masks import visible_keys
 from .merge import merge_attention_states
@@ -21,6 +23,7 @@ from .validation import KVCacheCall, check_kvcache_args
 __all__ = [
     "KVCacheCall",
     "apply_rotary",
+    "attention_backward",
     "attention_with_lse",
     "cache_slots",
     "check_kvcache_args",

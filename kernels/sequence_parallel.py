@@ -11,6 +11,11 @@ backend is bound to the kernels:
 The ring-flash-attention entry points (``ring_flash_attn_func`` and the rest) are the reference's,
 bound to this backend. Everything else (groups, collectives, layouts, the launcher) is re-exported
 unchanged.
+
+**Forward only, for now.** There is no Triton attention backward yet, so ``KERNEL_BACKEND`` has no
+``attention_backward``: the forward works with inputs that require grad, and ``loss.backward()``
+through these classes raises ``NotImplementedError`` (it never falls back to the reference's
+numerics under the kernels' name). Train with :mod:`attn_ref.sequence_parallel`.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ from attn_ref.sequence_parallel.ring_flash_attn import with_backend
 from .kvcache import flash_attn_with_kvcache
 from .merge import merge_attention_states
 
-#: The Triton kernels as the SP schemes' local attention and merge.
-KERNEL_BACKEND = AttentionBackend("kernels", flash_attn_with_kvcache, merge_attention_states)
+#: The Triton kernels as the SP schemes' local attention and merge (no backward yet).
+KERNEL_BACKEND = AttentionBackend("kernels", flash_attn_with_kvcache, merge_attention_states, attention_backward=None)
 
 
 class UlyssesAttention(_sp.UlyssesAttention):

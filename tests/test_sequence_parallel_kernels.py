@@ -3,12 +3,14 @@
 :mod:`kernels.sequence_parallel` binds the shared SP code to ``kernels.flash_attn_with_kvcache`` and
 ``kernels.merge_attention_states``; this module runs the cases and error cases of
 :mod:`test_sequence_parallel_ranks` with it (one spawn per rank count) and applies the same checks:
-every rank's rows match single-device attention over the whole sequence.
+every rank's rows match single-device attention over the whole sequence. The kernel backend has no
+backward yet: a backward through it raises (it never falls back to the reference's numerics).
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip(
     "kernels.sequence_parallel", reason="needs kernels.flash_attn_with_kvcache and kernels.merge_attention_states"
@@ -50,3 +52,15 @@ def test_kernels_two_ranks_errors_on_every_rank(two_ranks, error):
 @pytest.mark.parametrize("case", CASES[4], ids=lambda c: c.id)
 def test_kernels_four_ranks_match_single_device(four_ranks, case):
     check_case(four_ranks, case)
+
+
+def test_kernel_backend_refuses_the_backward():
+    """No Triton backward yet: the forward works with inputs that require grad, the backward raises."""
+    from kernels import sequence_parallel as ksp
+
+    q, k, v = (torch.randn(1, 8, 2, 16, requires_grad=True) for _ in range(3))
+    out = ksp.USPAttention(2, 16, causal=True)(q, k, v)  # one rank: local attention on the kernels
+    ring_out, _ = ksp.ring_attention(q, k, v, causal=True)  # a ring of one rank
+    for result in (out, ring_out):
+        with pytest.raises(NotImplementedError, match=r"the 'kernels' attention backend has no backward"):
+            result.sum().backward()

@@ -38,8 +38,14 @@ project's sequence-parallel spec):
   pair is masked by its place in the global sequence); sglang's ring relies on the backend's
   pre-configured mask. As in sglang, on one rank (or with ``skip_sequence_parallel``) it is local
   attention of q over k/v and the replicated counts are not read.
+* Every entry point is differentiable (``loss.backward()`` works; gradients in the inputs' dtype,
+  accumulated in fp32): the collectives have explicit adjoints, the ring its ring backward, and
+  replicated tokens count once (every rank passes the same gradient for the replicated output and
+  receives the full gradient of its replicated inputs; :mod:`.replicated`). ring-flash-attention
+  returns bf16 ``dq`` whatever the input dtype and ignores the LSE's gradient; here the LSE outputs
+  carry gradients too.
 * Not implemented: attention masks / padding metadata, varlen USP, the segmented ``q_prefix``
-  inputs, K/V gather inside USPAttention, UlyssesAttention_VSA, dropout, and autograd (forward only).
+  inputs, K/V gather inside USPAttention, UlyssesAttention_VSA, dropout.
 """
 
 from .backend import REFERENCE_BACKEND, AttentionBackend

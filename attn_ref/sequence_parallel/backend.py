@@ -1,6 +1,6 @@
-"""The two local operations every sequence-parallel scheme is built from, as one swappable parameter.
+"""The local operations every sequence-parallel scheme is built from, as one swappable parameter.
 
-Ulysses, K/V gather, ring and USP only *move* tensors between ranks. The arithmetic happens in two
+Ulysses, K/V gather, ring and USP only *move* tensors between ranks. The arithmetic happens in a few
 local operations, and an :class:`AttentionBackend` names the implementation of each:
 
 * **attend** ``(q, k, v, softmax_scale, causal) -> (out, lse)``: attention of ``q [B, Sq, H, D]``
@@ -13,6 +13,13 @@ local operations, and an :class:`AttentionBackend` names the implementation of e
 * **merge** ``(out_a, lse_a, out_b, lse_b) -> (out, lse)``: the ⊕ of two attention states over
   disjoint key sets, ``lse = logaddexp(lse_a, lse_b)``, ``out = e^{lse_a - lse} out_a +
   e^{lse_b - lse} out_b``, in fp32 (``merge_attention_states``; ``lse.shape == out.shape[:-1]``).
+* **attend_backward** ``(dout, q, k, v, out, lse, softmax_scale, causal, dlse) -> (dq, dk, dv)``:
+  the gradients of ``attend`` from its saved output and LSE (``attention_backward``, see
+  :mod:`attn_ref.backward`), in fp32 so that callers (the ring) accumulate in fp32. ``out``/``lse``
+  may be the *final* state of a query row after merges: a block's gradients are then its exact share.
+
+``attend`` is differentiable (an autograd Function whose backward is ``attend_backward``); a backend
+without ``attention_backward`` computes forward only and refuses the backward.
 
 :data:`REFERENCE_BACKEND` binds them to :mod:`attn_ref`; :mod:`kernels.sequence_parallel` binds the
 same SP code to the Triton kernels.
@@ -21,12 +28,14 @@ same SP code to the Triton kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
+from ..backward import attention_backward
 from ..kvcache import flash_attn_with_kvcache
 from ..merge import merge_attention_states
+from .checks import check_backward_available
 
 
 @dataclass(frozen=True)
@@ -38,21 +47,44 @@ class AttentionBackend:
         flash_attn_with_kvcache: a function with sglang's ``flash_attn_with_kvcache`` API that
             supports ``return_softmax_lse=True`` (LSE ``[B, H, Sq]``).
         merge_attention_states: ``(out_a, lse_a, out_b, lse_b) -> (out, lse)`` in fp32.
+        attention_backward: :func:`attn_ref.attention_backward`'s API, or None (forward only: a
+            backward through this backend raises ``NotImplementedError``).
     """
 
     name: str
     flash_attn_with_kvcache: Callable
     merge_attention_states: Callable
+    attention_backward: Optional[Callable] = None
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(out [B, Sq, H, Dv] in q's dtype, lse [B, Sq, H] fp32)`` of q over all of k/v."""
+        """``(out [B, Sq, H, Dv] in q's dtype, lse [B, Sq, H] fp32)`` of q over all of k/v; differentiable."""
+        return _Attend.apply(self, q, k, v, softmax_scale, causal)
+
+    def attend_forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`attend` without autograd (the ring's forward loop calls it inside its own Function)."""
         out, lse, *_ = self.flash_attn_with_kvcache(
             q.contiguous(), k.contiguous(), v.contiguous(),
             softmax_scale=softmax_scale, causal=causal, return_softmax_lse=True,
         )
         return out, lse.transpose(1, 2)  # [B, H, Sq] -> [B, Sq, H], the layout of out[..., 0]
+
+    def attend_backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor, softmax_scale: float, causal: bool, dlse: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """fp32 ``(dq [B, Sq, H, D], dk [B, Sk, Hkv, D], dv [B, Sk, Hkv, Dv])`` of :meth:`attend`.
+
+        ``out``/``lse`` (``[B, Sq, H, Dv]`` / ``[B, Sq, H]``) are the rows' saved (final) state and
+        ``dout``/``dlse`` their gradients (``dlse`` None: no gradient flows into the LSE).
+        """
+        check_backward_available(self.name, self.attention_backward)
+        return self.attention_backward(
+            dout, q, k, v, out, lse, softmax_scale, causal, dlse=dlse, grad_dtype=torch.float32,
+        )
 
     def merge(
         self, out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
@@ -61,5 +93,23 @@ class AttentionBackend:
         return self.merge_attention_states(out_a, lse_a, out_b, lse_b)
 
 
-#: The PyTorch reference: :func:`attn_ref.flash_attn_with_kvcache` + :func:`attn_ref.merge_attention_states`.
-REFERENCE_BACKEND = AttentionBackend("attn_ref", flash_attn_with_kvcache, merge_attention_states)
+class _Attend(torch.autograd.Function):
+    """:meth:`AttentionBackend.attend` with :meth:`AttentionBackend.attend_backward` as its backward."""
+
+    @staticmethod
+    def forward(ctx, backend: AttentionBackend, q, k, v, softmax_scale: float, causal: bool):
+        out, lse = backend.attend_forward(q, k, v, softmax_scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.backend, ctx.softmax_scale, ctx.causal = backend, softmax_scale, causal
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.backend.attend_backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, dlse)
+        return None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+#: The PyTorch reference: :func:`attn_ref.flash_attn_with_kvcache`, :func:`attn_ref.merge_attention_states`
+#: and :func:`attn_ref.attention_backward`.
+REFERENCE_BACKEND = AttentionBackend("attn_ref", flash_attn_with_kvcache, merge_attention_states, attention_backward)

@@ -463,3 +463,22 @@ def check_launch_args(world_size: object, backend: Optional[str], timeout_s: obj
         raise ValueError(
             f"timeout_s must be at most {MAX_TIMEOUT_S} seconds (the launcher needs a finite limit), got {timeout_s!r}"
         )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_backward_available(backend_name: str, attention_backward: object) -> None:
+    """A gradient needs the backend's ``attention_backward`` (never another backend's numerics in its place).
+
+    Raised on every rank at the same point of the backward (the first local attention backward), so
+    no rank is left waiting in a collective.
+    """
+    if attention_backward is None:
+        raise NotImplementedError(
+            f"the {backend_name!r} attention backend has no backward (attention_backward=None), so no gradient "
+            "can flow through its sequence-parallel attention; train with attn_ref.sequence_parallel (the "
+            "PyTorch reference backward), or build the AttentionBackend with an attention_backward"
+        )

@@ -11,6 +11,9 @@ group of one rank) is the identity and needs no initialized ``torch.distributed`
   input bit for bit.
 * :func:`all_gather`: concatenate every rank's tensor along a dim, in rank order (K/V gather, and
   the heads of replicated outputs).
+
+Both are differentiable, with explicit adjoints: the all-to-all's is the inverse all-to-all, the
+all-gather's a reduce-scatter (spec §9). Gradients are made contiguous before every collective.
 * :class:`RingExchange`: send a tensor to the next rank of a ring and receive the previous rank's,
   with ``batch_isend_irecv`` (grouped, so two neighbours never deadlock on each other), started
   before and waited after the compute it overlaps.
@@ -88,8 +91,31 @@ def all_to_all_4d(
     world = group_size(group)
     if world == 1:
         return x  # upstream: identity before any check
-    rank = group_rank(group)
-    check_all_to_all_4d(x, scatter_dim, gather_dim, world, rank, seq_lens)
+    check_all_to_all_4d(x, scatter_dim, gather_dim, world, group_rank(group), seq_lens)
+    return _AllToAll4D.apply(x, scatter_dim, gather_dim, group, seq_lens)
+
+
+class _AllToAll4D(torch.autograd.Function):
+    """The all-to-all as an autograd Function: its adjoint is the inverse all-to-all.
+
+    The all-to-all only permutes data between ranks, so the gradient of its input is its output's
+    gradient sent back the way the data came (scatter and gather dims swapped).
+    """
+
+    @staticmethod
+    def forward(ctx, x, scatter_dim: int, gather_dim: int, group: Group, seq_lens):
+        ctx.dims, ctx.group, ctx.seq_lens = (scatter_dim, gather_dim), group, seq_lens
+        return _exchange_4d(x, scatter_dim, gather_dim, group, seq_lens)
+
+    @staticmethod
+    def backward(ctx, grad):
+        scatter_dim, gather_dim = ctx.dims
+        return _exchange_4d(grad.contiguous(), gather_dim, scatter_dim, ctx.group, ctx.seq_lens), None, None, None, None
+
+
+def _exchange_4d(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: Group, seq_lens) -> torch.Tensor:
+    """The data movement of :func:`all_to_all_4d` (``P > 1`` ranks, arguments already checked)."""
+    world, rank = group_size(group), group_rank(group)
     b, s, h, d = x.shape
     if scatter_dim == 2:
         lens = list(seq_lens) if seq_lens is not None else [s] * world
@@ -150,10 +176,34 @@ def all_gather(x: torch.Tensor, dim: int = -1, group: Group = None) -> torch.Ten
     if world == 1:
         return x  # upstream: identity before the dim check
     check_gather_dim(x, dim)
-    x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(parts, x, group=group)
-    return torch.cat(parts, dim=dim)
+    return _AllGather.apply(x, dim, group)
+
+
+class _AllGather(torch.autograd.Function):
+    """The all-gather as an autograd Function: its adjoint is a reduce-scatter.
+
+    Every rank's output depends on every rank's input, so the gradient of rank ``r``'s input is the
+    sum over ranks of their output gradients' block ``r``. The reduce-scatter is an all-to-all of
+    the blocks followed by a local sum in rank order (gloo has no reduce-scatter; the sum order is
+    fixed, so the result is deterministic). Gradients are made contiguous first: gloo's collectives
+    return wrong data for non-contiguous buffers without an error (spec §9).
+    """
+
+    @staticmethod
+    def forward(ctx, x, dim: int, group: Group):
+        ctx.dim, ctx.group = dim, group
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(group_size(group))]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        world = group_size(ctx.group)
+        send = torch.stack(grad.chunk(world, dim=ctx.dim)).contiguous()  # [P, ...]: block j goes to rank j
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=ctx.group)
+        return recv.sum(0), None, None
 
 
 class RingExchange:

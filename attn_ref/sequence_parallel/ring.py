@@ -20,6 +20,10 @@ after ``a`` is skipped. With contiguous blocks (chunk = rank) rank ``r`` compute
 ``r`` holds chunks ``r`` and ``2R-1-r`` of ``2R``, and every step then costs the same half block
 (see :mod:`.layout`). Replicated (text) tokens are chunks at position ``-inf`` (a prefix) or ``+inf``
 (a suffix) that every rank holds, attended once and never rotated, so each is counted exactly once.
+
+**Backward.** :func:`ring_attention_states` is an autograd Function whose backward is the ring again
+(:func:`_ring_backward`): the K/V blocks travel in the same order, and each block's ``dK``/``dV``
+accumulator (fp32) travels with it and arrives back at its owner after ``R`` steps.
 """
 
 from __future__ import annotations
@@ -141,9 +145,9 @@ def ring_attention_states(
     backend: AttentionBackend,
     softmax_scale: float,
     causal: bool,
-    fixed_kv: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[Chunk]]] = (),
+    fixed_kv: Optional[tuple[torch.Tensor, torch.Tensor, Sequence[Chunk]]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ring loop (no argument checks; callers check first).
+    """The ring (no argument checks; callers check first), differentiable with the ring backward.
 
     Args:
         q: ``[B, Sq, H, D]`` local queries, laid out as ``q_chunks``.
@@ -155,30 +159,121 @@ def ring_attention_states(
     Returns:
         fp32 ``out [B, Sq, H, Dv]`` and ``lse [B, Sq, H]``.
     """
+    k_fixed, v_fixed, fixed_chunks = fixed_kv if fixed_kv is not None else (None, None, ())
+    plan = _RingPlan(q_chunks, kv_chunks, group, backend, softmax_scale, causal, fixed_chunks)
+    return _RingAttention.apply(plan, q, k, v, k_fixed, v_fixed)
+
+
+@dataclass(frozen=True)
+class _RingPlan:
+    """Everything of one ring call that is not a tensor."""
+
+    q_chunks: Sequence[Chunk]
+    kv_chunks: Callable[[int], Sequence[Chunk]]
+    group: Group
+    backend: AttentionBackend
+    softmax_scale: float
+    causal: bool
+    fixed_chunks: Sequence[Chunk]
+
+
+class _RingAttention(torch.autograd.Function):
+    """The ring forward (:func:`_ring_forward`) with the ring backward (:func:`_ring_backward`)."""
+
+    @staticmethod
+    def forward(ctx, plan: _RingPlan, q, k, v, k_fixed, v_fixed):
+        out, lse = _ring_forward(plan, q, k, v, k_fixed, v_fixed)
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, v, k_fixed, v_fixed, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, k_fixed, v_fixed, out, lse = ctx.saved_tensors
+        grads = _ring_backward(ctx.plan, dout, dlse, q, k, v, k_fixed, v_fixed, out, lse)
+        return (None, *grads)
+
+
+def _ring_forward(plan: _RingPlan, q, k, v, k_fixed, v_fixed) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ring loop: fp32 ``(out [B, Sq, H, Dv], lse [B, Sq, H])``."""
     b, sq, h = q.shape[:3]
     out = torch.zeros(b, sq, h, v.shape[-1], dtype=torch.float32, device=q.device)
     lse = torch.full((b, sq, h), float("-inf"), dtype=torch.float32, device=q.device)  # ⊕'s identity
+    backend = plan.backend
 
     def accumulate(k_blk: torch.Tensor, v_blk: torch.Tensor, k_chunks: Sequence[Chunk]) -> None:
-        for blk in _blocks(q_chunks, k_chunks, causal):
+        for blk in _blocks(plan.q_chunks, k_chunks, plan.causal):
             q_blk = q[:, blk.q_rows]
-            o, l = backend.attend(q_blk, k_blk[:, blk.k_rows], v_blk[:, blk.k_rows], softmax_scale, blk.causal)
+            o, l = backend.attend_forward(q_blk, k_blk[:, blk.k_rows], v_blk[:, blk.k_rows], plan.softmax_scale, blk.causal)
             out[:, blk.q_rows], lse[:, blk.q_rows] = backend.merge(out[:, blk.q_rows], lse[:, blk.q_rows], o, l)
 
-    size, rank = group_size(group), group_rank(group)
-    exchange = RingExchange(group) if size > 1 else None
+    size, rank = group_size(plan.group), group_rank(plan.group)
+    exchange = RingExchange(plan.group) if size > 1 else None
     kv = torch.cat([k.reshape(-1), v.reshape(-1)])  # one message per step carries K and V
     for step in range(size):
         incoming = exchange.start(kv) if step < size - 1 else None  # overlaps the compute below
         k_blk, v_blk = kv[:k.numel()].view(k.shape), kv[k.numel():].view(v.shape)
-        accumulate(k_blk, v_blk, kv_chunks((rank - step) % size))
-        if step == 0:
-            for k_fixed, v_fixed, chunks in fixed_kv:
-                accumulate(k_fixed, v_fixed, chunks)
+        accumulate(k_blk, v_blk, plan.kv_chunks((rank - step) % size))
+        if step == 0 and k_fixed is not None:
+            accumulate(k_fixed, v_fixed, plan.fixed_chunks)
         if incoming is not None:
             exchange.wait()
             kv = incoming
     return out, lse
+
+
+def _ring_backward(plan: _RingPlan, dout, dlse, q, k, v, k_fixed, v_fixed, out, lse) -> tuple:
+    """The ring backward: ``(dq, dk, dv, dk_fixed, dv_fixed)`` in the inputs' dtypes.
+
+    The K/V blocks travel the ring again, in the forward's order. At step ``t`` rank ``r`` holds
+    block ``s = (r - t) mod R`` together with that block's fp32 ``dK``/``dV`` accumulator; it adds the
+    block's contribution to its own ``dQ`` and its queries' contribution to the accumulator, then
+    passes the accumulator on with the block. Each block's gradient is exact on its own, because it
+    is computed with the rows' *final* ``out`` and ``lse`` (see :mod:`attn_ref.backward`). After
+    ``R`` steps (``R`` sends of the accumulator, one more than of the K/V) every accumulator is back
+    at the rank that owns its block. The replicated K/V (``fixed``) never move: their gradient is
+    this rank's queries' contribution (summed over ranks by :func:`~.replicated.replicated_input`).
+    """
+    backend = plan.backend
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+
+    def accumulate(k_blk, v_blk, dk_blk, dv_blk, k_chunks: Sequence[Chunk]) -> None:
+        for blk in _blocks(plan.q_chunks, k_chunks, plan.causal):
+            rows, keys = blk.q_rows, blk.k_rows
+            dq_b, dk_b, dv_b = backend.attend_backward(
+                dout[:, rows], q[:, rows], k_blk[:, keys], v_blk[:, keys], out[:, rows], lse[:, rows],
+                plan.softmax_scale, blk.causal, dlse[:, rows],
+            )
+            dq[:, rows] += dq_b
+            dk_blk[:, keys] += dk_b
+            dv_blk[:, keys] += dv_b
+
+    size, rank = group_size(plan.group), group_rank(plan.group)
+    kv_exchange, grad_exchange = (RingExchange(plan.group), RingExchange(plan.group)) if size > 1 else (None, None)
+    kv = torch.cat([k.reshape(-1), v.reshape(-1)])
+    dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)  # the travelling dK/dV accumulator
+    dk_fixed = None if k_fixed is None else torch.zeros(k_fixed.shape, dtype=torch.float32, device=q.device)
+    dv_fixed = None if v_fixed is None else torch.zeros(v_fixed.shape, dtype=torch.float32, device=q.device)
+    for step in range(size):
+        incoming = kv_exchange.start(kv) if step < size - 1 else None  # the next block, during the compute
+        k_blk, v_blk = kv[:k.numel()].view(k.shape), kv[k.numel():].view(v.shape)
+        dk_blk, dv_blk = dkv[:k.numel()].view(k.shape), dkv[k.numel():].view(v.shape)
+        accumulate(k_blk, v_blk, dk_blk, dv_blk, plan.kv_chunks((rank - step) % size))
+        if step == 0 and k_fixed is not None:
+            accumulate(k_fixed, v_fixed, dk_fixed, dv_fixed, plan.fixed_chunks)
+        if incoming is not None:
+            kv_exchange.wait()
+            kv = incoming
+        if grad_exchange is not None:  # the accumulator follows its block to the next rank
+            arriving = grad_exchange.start(dkv)
+            grad_exchange.wait()
+            dkv = arriving
+    dk, dv = dkv[:k.numel()].view(k.shape), dkv[k.numel():].view(v.shape)
+    return (
+        dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+        None if dk_fixed is None else dk_fixed.to(k_fixed.dtype),
+        None if dv_fixed is None else dv_fixed.to(v_fixed.dtype),
+    )
 
 
 def _blocks(q_chunks: Sequence[Chunk], k_chunks: Sequence[Chunk], causal: bool) -> list[_Block]:

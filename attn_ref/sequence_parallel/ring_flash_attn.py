@@ -24,7 +24,9 @@ What differs (also on the docs page "ring-flash-attention"):
   applies it inside each block, which is not the global window;
 * ``zigzag_ring_flash_attn_*`` also accept ``causal=False`` (ring-flash-attention asserts causal):
   without a mask the layout does not matter;
-* ``deterministic`` is accepted and has no effect (the forward is deterministic); forward only.
+* ``deterministic`` is accepted and has no effect (forward and backward are deterministic);
+* the backward is the ring backward of :mod:`.ring`, with ``dq``/``dk``/``dv`` in the inputs' dtype
+  (ring-flash-attention returns ``dq`` as bf16 whatever the input dtype), accumulated in fp32.
 
 Every rank's checks run before the first exchange, with the cross-rank agreement of
 :mod:`.agreement`.
@@ -109,7 +111,7 @@ def ring_flash_attn_func(
         causal: causal over the global sequence.
         window_size: ``(left, right)``; only windows that mask nothing beyond ``causal``.
         alibi_slopes: must be None (``NotImplementedError`` otherwise).
-        deterministic: accepted, no effect (the forward is deterministic).
+        deterministic: accepted, no effect (forward and backward are deterministic).
         return_attn_probs: also return the LSE (and None for the probabilities).
         group: the ring; None is the default group (the whole world).
         backend: local attention + merge (the kernels' in :mod:`kernels.sequence_parallel`).

@@ -21,6 +21,10 @@ the text of a text-to-image model). The result equals single-device attention ov
 
 Ring parallelism is refused (sglang: the all-to-all spans the combined group); use
 :class:`USPAttention` for Ulysses x ring.
+
+**Backward.** Both modes are differentiable: the all-to-all's adjoint is the inverse all-to-all, the
+K/V all-gather's a reduce-scatter; replicated tokens follow :mod:`.replicated` (every rank passes the
+same gradient for ``replicated_out`` and gets the full gradient of ``replicated_q/k/v``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from .checks import (
 )
 from .comm import all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
 from .groups import SequenceParallelGroups, layout_of as _layout
+from .replicated import replicated_input, replicated_output
 
 
 class UlyssesAttention(torch.nn.Module):
@@ -204,16 +209,16 @@ class UlyssesAttention(torch.nn.Module):
         seq = q.shape[1]
         if replicated_q is not None:
             # The replicated tokens: this rank's heads, appended as a suffix (never all-to-all'ed).
-            q = torch.cat([q, heads_of_rank(replicated_q, rank, world)], dim=1)
-            k = torch.cat([k, heads_of_rank(replicated_k, rank, world)], dim=1)
-            v = torch.cat([v, heads_of_rank(replicated_v, rank, world)], dim=1)
+            reps = (replicated_input(x, group) for x in (replicated_q, replicated_k, replicated_v))
+            q, k, v = (torch.cat([x, heads_of_rank(r, rank, world)], dim=1) for x, r in zip((q, k, v), reps))
         out, lse = self.backend.attend(q, k, v, self.softmax_scale, self.causal)
         results = []
         for x in (out, lse[..., None]) if with_lse else (out,):  # [B, S + S_r, H/P, Dv | 1]
             # [B, S, H/P, .] -> [B, S_l, H, .]: back to this rank's tokens, all heads.
             tokens = all_to_all_4d(x[:, :seq].contiguous(), 1, 2, group, seq_lens)
             # [B, S_r, H/P, .] -> [B, S_r, H, .] on every rank: an all-gather over heads.
-            replicated = None if replicated_q is None else all_gather(x[:, seq:].contiguous(), dim=2, group=group)
+            replicated = None if replicated_q is None else replicated_output(
+                all_gather(x[:, seq:].contiguous(), dim=2, group=group), group)
             results += [tokens, replicated]
         if with_lse:
             results[2:] = [None if x is None else x[..., 0] for x in results[2:]]
@@ -228,11 +233,11 @@ class UlyssesAttention(torch.nn.Module):
             k, v = all_gather(k, dim=1, group=group), all_gather(v, dim=1, group=group)
         local_len = q.shape[1]
         if replicated_q is not None:
-            q = torch.cat([q, replicated_q], dim=1)
-            k = torch.cat([k, replicated_k], dim=1)
-            v = torch.cat([v, replicated_v], dim=1)
+            reps = (replicated_input(x, group) for x in (replicated_q, replicated_k, replicated_v))
+            q, k, v = (torch.cat([x, r], dim=1) for x, r in zip((q, k, v), reps))
         out, lse = self.backend.attend(q, k, v, self.softmax_scale, False)
         results = []
         for x in (out, lse) if with_lse else (out,):
-            results += [x, None] if replicated_q is None else [x[:, :local_len], x[:, local_len:]]
+            # every rank computed the replicated rows whole: they count once in the backward
+            results += [x, None] if replicated_q is None else [x[:, :local_len], replicated_output(x[:, local_len:], group)]
         return tuple(results)

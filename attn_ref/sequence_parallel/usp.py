@@ -25,6 +25,11 @@ They skip the all-to-all; each rank takes its heads' slice, attends them once (n
 ring: their K/V state is merged in through ⊕), and the replicated output is rebuilt over heads with
 an all-gather in the Ulysses group. The result equals single-device attention over
 ``[prefix, shard_0, ..., shard_{P-1}]`` (or ``[shards..., suffix]``), causal or not.
+
+**Backward.** Differentiable end to end: the all-to-alls' adjoints are the inverse all-to-alls, the
+ring has its ring backward (:mod:`.ring`), the replicated output's all-gather a reduce-scatter.
+Replicated rows follow :mod:`.replicated`: every rank passes the same gradient for them and gets
+the full gradient of its replicated q/k/v rows.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from .checks import (
 )
 from .comm import all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
 from .groups import SequenceParallelGroups, layout_of as _layout
+from .replicated import replicated_input, replicated_output
 from .ring import PREFIX_POSITION, SUFFIX_POSITION, Chunk, block_chunks, ring_attention_states
 
 
@@ -177,16 +183,17 @@ class USPAttention(torch.nn.Module):
         group, u_rank, u_degree = self.groups.ulysses_group, self.groups.ulysses_rank, self.groups.ulysses_degree
         # [B, S_l, H, D] -> [B, U·S_l, H/U, D]: the ring block, this rank's heads.
         q_shard, k_shard, v_shard = all_to_all_4d_packed([q_shard, k_shard, v_shard], 2, 1, group)
-        q_rep, k_rep, v_rep = (heads_of_rank(x, u_rank, u_degree) for x in (q_rep, k_rep, v_rep))
+        sp_group = self.groups.sp_group  # replicated inputs: the gradient sums every rank's share
+        q_rep, k_rep, v_rep = (heads_of_rank(replicated_input(x, sp_group), u_rank, u_degree) for x in (q_rep, k_rep, v_rep))
 
         out, lse = self._attend(q_rep, q_shard, k_rep, k_shard, v_rep, v_shard, position)
         out = out.to(q.dtype)
         rep_rows, shard_rows = _replicated_rows(q_rep.shape[1], q_shard.shape[1], position)
         # [B, U·S_l, H/U, D] -> [B, S_l, H, D], and the replicated rows' heads from the Ulysses group.
-        out = _heads_to_tokens(out, rep_rows, shard_rows, position, group)
+        out = _heads_to_tokens(out, rep_rows, shard_rows, position, group, sp_group)
         if not return_softmax_lse:
             return out
-        return out, _heads_to_tokens(lse[..., None], rep_rows, shard_rows, position, group)[..., 0]
+        return out, _heads_to_tokens(lse[..., None], rep_rows, shard_rows, position, group, sp_group)[..., 0]
 
     def _check_call(self, q, k, v, attn_mask, num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix):
         """sglang's order where it has the check (modes, then ``usp.py``'s heads assert), then this package's."""
@@ -234,7 +241,7 @@ class USPAttention(torch.nn.Module):
         q_chunks = block_chunks(ring_rank, ring_size, rows, self.zigzag, offset=shard_rows.start)
         if q_rep.shape[1]:
             q_chunks += (Chunk(rep_rows, position),)
-        fixed_kv = [(k_rep, v_rep, (Chunk(slice(0, k_rep.shape[1]), position),))] if k_rep.shape[1] else []
+        fixed_kv = (k_rep, v_rep, (Chunk(slice(0, k_rep.shape[1]), position),)) if k_rep.shape[1] else None
         return ring_attention_states(
             q, k_shard, v_shard, q_chunks, lambda src: block_chunks(src, ring_size, rows, self.zigzag),
             group=self.groups.ring_group, backend=self.backend, softmax_scale=self.softmax_scale,
@@ -242,15 +249,17 @@ class USPAttention(torch.nn.Module):
         )
 
 
-def _heads_to_tokens(x, rep_rows: slice, shard_rows: slice, position: float, group) -> torch.Tensor:
+def _heads_to_tokens(x, rep_rows: slice, shard_rows: slice, position: float, group, sp_group) -> torch.Tensor:
     """``[B, rows, H/U, ...]`` of this rank's heads -> ``[B, S, H, ...]`` of this rank's tokens.
 
-    Sharded rows take the inverse all-to-all; replicated rows (if any) all-gather their heads.
+    Sharded rows take the inverse all-to-all; replicated rows (if any) all-gather their heads in the
+    Ulysses ``group`` and count once over the SP group in the backward (every ring rank computed them).
     """
     shard = all_to_all_4d(x[:, shard_rows].contiguous(), 1, 2, group)
     if rep_rows.stop == rep_rows.start:
         return shard
-    return _join_replicated(all_gather(x[:, rep_rows].contiguous(), dim=2, group=group), shard, position)
+    replicated = replicated_output(all_gather(x[:, rep_rows].contiguous(), dim=2, group=group), sp_group)
+    return _join_replicated(replicated, shard, position)
 
 
 def _split_replicated(x: torch.Tensor, n: int, position: float) -> tuple[torch.Tensor, torch.Tensor]:

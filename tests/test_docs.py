@@ -258,6 +258,10 @@ PAGE_FAULTS = """() => {
     const found = node.textContent.match(%s);
     if (found) tex.push(found[0]);
   }
+  // Inside typeset math: a TeX error, or a backslash left over (e.g. \\_ in \\text{...}), which the
+  // hidden MathML copy that MathJax keeps for screen readers shows.
+  document.querySelectorAll("mjx-merror").forEach(e => tex.push("MathJax error: " + e.getAttribute("data-mjx-error")));
+  document.querySelectorAll("mjx-assistive-mml").forEach(m => { if (m.textContent.includes("\\\\")) tex.push(m.textContent); });
   return {broken, tex};
 }""" % RAW_TEX
 

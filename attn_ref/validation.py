@@ -105,15 +105,16 @@ class KVCacheCall:
     capacity: int
     softmax_scale: float
     causal: bool
-    window_size: tuple[int, int]
-    attention_chunk: int
-    softcap: float
+    window_size: tuple[int, int]  # FA3-normalised: -1 = unbounded; causal makes the right side 0
+    attention_chunk: int  # 0 = off; bounded by max(capacity, longest query sequence)
+    softcap: float  # 0 = off; else the float32 value FA3 uses
     rotary_interleaved: bool
     rotary_dim: int
     rotary_q_fixed_position: bool
     only_qv: bool
     num_splits: int  # 0 = heuristic (any num_splits <= 0 given), 1 = no split, n > 1 = n splits
     empty_kv: bool
+    return_softmax_lse: bool
 
     @property
     def paged(self) -> bool:
@@ -257,6 +258,23 @@ def _chunk_size(attention_chunk) -> int:
     return max(chunk, 0)
 
 
+def _flag(name: str, x, none_is_false: bool = False) -> bool:
+    """A bool argument: a bool (Python or NumPy), an int 0 / 1, or a 1-element bool or integer
+    tensor holding 0 / 1; ``None`` too where sglang only tests the value's truth (``only_qv``)."""
+    if x is None and none_is_false:
+        return False
+    if isinstance(x, torch.Tensor):
+        scalar = x.numel() == 1 and x.device.type != "meta" and not (x.dtype.is_floating_point or x.is_complex())
+        value = x.item() if scalar else None
+    elif isinstance(x, numbers.Integral) or type(x).__name__ in ("bool_", "bool"):
+        value = int(x)
+    else:
+        value = None
+    if value not in (0, 1):
+        raise TypeError(f"{name} must be a bool, got {x!r}")
+    return bool(value)
+
+
 def _require_real(name: str, x) -> float:
     """A real Python / numpy number (not a bool) as a float."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
@@ -333,8 +351,9 @@ def _shares_memory(x: torch.Tensor, offsets, y: torch.Tensor) -> bool:
 
 
 def _require_writable(name: str, x: torch.Tensor) -> None:
-    """``x`` is written in place: it must not require grad nor have elements that share memory."""
-    if x.requires_grad:
+    """``x`` is written in place: it must not have elements that share memory, nor require grad while
+    grad mode is on (PyTorch refuses in-place writes there, and so does FA3's op)."""
+    if x.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{name} requires grad, but the call writes it in place; pass a tensor that "
                          f"does not require grad (e.g. {name}.detach())")
     if not _non_overlapping(x):
@@ -375,7 +394,7 @@ def check_kvcache_args(
     cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
     q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
     window_size=(-1, -1), attention_chunk=None, softcap=0.0, rotary_interleaved=True,
-    num_splits=0, only_qv=False, sinks=None, out=None, ver=3,
+    num_splits=0, only_qv=False, sinks=None, out=None, ver=3, return_softmax_lse=False,
 ) -> KVCacheCall:
     """Validate a ``flash_attn_with_kvcache`` call and resolve its arguments.
 
@@ -391,6 +410,7 @@ def check_kvcache_args(
         raise ValueError("v_cache must be provided")
     _require_tensor("v_cache", v_cache)
     _require_contiguous_last_dim("v_cache", v_cache)
+    only_qv = _flag("only_qv", only_qv, none_is_false=True)  # sglang tests it as a truth value
     if k_cache is None:
         if not only_qv:
             raise ValueError("k_cache can only be None when only_qv=True")
@@ -599,6 +619,7 @@ def check_kvcache_args(
     left, right = _window_pair(window_size)
     left = -1 if left < 0 or left >= capacity - 1 else left
     right = -1 if right < 0 or right >= static_sq - 1 else right
+    causal = _flag("causal", causal)
     if causal:
         right = 0
     chunk = _chunk_size(attention_chunk)
@@ -720,9 +741,11 @@ def check_kvcache_args(
         seqlens_q=seqlens_q, q_starts=q_starts, cache_rows=cache_rows, cache_seqlens=seqlens_c,
         leftpads=leftpads, new_lens=new_lens, new_starts=new_starts, seqlens_k=seqlens_k,
         rotary_starts=rotary_starts, page_size=page_size, capacity=capacity,
-        softmax_scale=softmax_scale, causal=bool(causal), window_size=(left, right),
-        attention_chunk=chunk, softcap=_float32(softcap), rotary_interleaved=bool(rotary_interleaved),
-        rotary_dim=rotary_dim, rotary_q_fixed_position=q_fixed, only_qv=bool(only_qv),
+        softmax_scale=softmax_scale, causal=causal, window_size=(left, right),
+        attention_chunk=chunk, softcap=_float32(softcap),
+        rotary_interleaved=_flag("rotary_interleaved", rotary_interleaved),
+        rotary_dim=rotary_dim, rotary_q_fixed_position=q_fixed, only_qv=only_qv,
+        return_softmax_lse=_flag("return_softmax_lse", return_softmax_lse, none_is_false=True),
         num_splits=max(int(num_splits), 0), empty_kv=k_cache.shape[1] == 0 and total_new == 0,
     )
 

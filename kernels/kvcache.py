@@ -97,12 +97,13 @@ def flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
         q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
-        softcap, rotary_interleaved, num_splits, only_qv, sinks, out, ver,
+        softcap, rotary_interleaved, num_splits, only_qv, sinks, out, ver, return_softmax_lse,
     )
-    launches, (result, lse, out_accum, lse_accum) = plan_kvcache(call)
-    for launch in launches:
-        launch.run()
-    if return_softmax_lse:
+    with torch.no_grad():  # not differentiable, as the reference
+        launches, (result, lse, out_accum, lse_accum) = plan_kvcache(call)
+        for launch in launches:
+            launch.run()
+    if call.return_softmax_lse:
         return result, lse, out_accum, lse_accum
     return result
 

@@ -135,6 +135,16 @@ def logical_cache(cache: torch.Tensor, page_table: Optional[torch.Tensor]) -> to
     return cache[page_table.long()].flatten(1, 2)  # (b_k, max_pages, P, ...) -> (b_k, max_pages*P, ...)
 
 
+def readable_logical_cache(cache: torch.Tensor, page_table: Optional[torch.Tensor]) -> torch.Tensor:
+    """:func:`logical_cache` for a call: table entries past a sequence's pages are never read, so
+    they need not be valid page ids (zeros stand in for them where there is no page at all)."""
+    if page_table is None:
+        return logical_cache(cache, None)
+    if cache.shape[0] == 0:
+        return cache.new_zeros(page_table.shape[0], page_table.shape[1] * cache.shape[1], *cache.shape[2:])
+    return logical_cache(cache, page_table.clamp(0, cache.shape[0] - 1))
+
+
 def physical_slots(row: int, positions: torch.Tensor, page_table: Optional[torch.Tensor], page_size: int):
     """Index ``(major, minor)`` of logical ``positions`` of cache row ``row``: ``(row, p)``, or with a
     page table ``(page_table[row, p // P], p % P)``."""
@@ -212,10 +222,8 @@ def kvcache_oracle(
         if k_phys is not None:
             k_phys[slots] = new_k.to(dtype)
         v_phys[slots] = v_new_rows[new_off[i]:new_off[i + 1]]
-    # Table entries past a sequence's pages are never read (and need not be valid page ids).
-    readable = page_table.clamp(0, v_cache.shape[0] - 1) if paged else None
-    k_log = logical_cache(k_phys, readable) if k_phys is not None else None
-    v_log = logical_cache(v_phys, readable)
+    k_log = readable_logical_cache(k_phys, page_table) if k_phys is not None else None
+    v_log = readable_logical_cache(v_phys, page_table)
 
     # 2. Attention of each sequence over its valid keys [leftpad, cache_seqlens + new).
     compute = torch.float32 if upcast else out_dtype
@@ -236,7 +244,7 @@ def kvcache_oracle(
             qq = rope(qq, rotary_cos, rotary_sin, pos, rotary_interleaved)
         if fp8:  # dequantize: x * descale[i, kv head]
             g = h // vv.shape[1]
-            if q_descale is not None:
+            if q_descale is not None and h:  # (no query heads: nothing to scale)
                 qq = (qq.float().unflatten(1, (-1, g)) * q_descale[i][None, :, None, None]).flatten(1, 2)
             if k_descale is not None:
                 kk = kk.float() * k_descale[i][None, :, None]

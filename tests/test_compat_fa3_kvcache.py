@@ -26,6 +26,7 @@ import itertools
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -243,6 +244,9 @@ EQUIVALENT = {
     # plain Python / numpy numbers where FA3 takes them
     "softmax_scale_int": (lambda a: dict(a, softmax_scale=1), lambda a: dict(a, softmax_scale=1.0)),
     "num_splits_negative": (lambda a: dict(a, num_splits=-3), lambda a: dict(a, num_splits=0)),
+    "flags_as_numpy_int_and_tensor": (lambda a: dict(a, causal=np.bool_(True), rotary_interleaved=torch.tensor(1)),
+                                      lambda a: dict(a, causal=True)),
+    "only_qv_none": (lambda a: dict(a, only_qv=None), lambda a: a),  # sglang tests only its truth
     # the same new tokens, packed
     "packed_new_kv": (_varlen_new, lambda a: a),
 }

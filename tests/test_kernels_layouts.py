@@ -9,6 +9,7 @@ import torch
 import attn_ref
 import kernels
 from kernels.splits import attention_tiles, choose_num_splits
+from dense_oracle import assert_matches_oracle
 from kvcache_cases import clone_args, make_case
 from test_kernels_kvcache import DEVICE, ON_GPU, run_kernels
 from test_reference_errors import PACKAGE_CHECKS, UPSTREAM_ORDER, base, message_matches
@@ -131,6 +132,40 @@ def test_no_query_rows():
     args["cu_seqlens_q"] = torch.zeros_like(args["cu_seqlens_q"])
     mine, ref = run_both(args, num_splits=2)
     assert all(x.shape == y.shape and x.numel() == 0 for x, y in zip(mine, ref))
+
+
+EMPTY_AXES = {
+    # FA3 computes these (an empty output, or all-zero scores = uniform attention); so do both here
+    "zero_query_heads": dict(q=torch.randn(2, 2, 0, 16)),
+    "zero_head_dim_explicit_scale": dict(q=torch.randn(2, 2, 4, 0), k_cache=torch.randn(2, 8, 2, 0),
+                                         k=torch.randn(2, 2, 2, 0), softmax_scale=0.5),
+    "zero_value_head_dim": dict(v_cache=torch.randn(2, 8, 2, 0), v=torch.randn(2, 2, 2, 0)),
+}
+
+
+@pytest.mark.parametrize("change", EMPTY_AXES.values(), ids=EMPTY_AXES.keys())
+@pytest.mark.parametrize("impl", [run_kernels, attn_ref.flash_attn_with_kvcache], ids=["kernels", "attn_ref"])
+def test_empty_axes_are_computed(change, impl):
+    assert_matches_oracle(impl, dict(base(), **change), num_splits=3)
+
+
+@pytest.mark.parametrize("impl", [run_kernels, attn_ref.flash_attn_with_kvcache], ids=["kernels", "attn_ref"])
+def test_inputs_that_require_grad(impl):
+    # Read-only inputs may require grad (nothing is differentiated); a cache that requires grad may
+    # be appended to under torch.no_grad(), where PyTorch allows in-place writes into it.
+    plain = impl(**base(), return_softmax_lse=True)
+    args = base()
+    args["q"].requires_grad_()
+    args["k"].requires_grad_()
+    reading = impl(**args, return_softmax_lse=True)
+    assert not reading[0].requires_grad and torch.equal(reading[0], plain[0]) and torch.equal(reading[1], plain[1])
+    args = base()
+    args["k_cache"].requires_grad_()
+    with torch.no_grad():
+        writing = impl(**args, return_softmax_lse=True)
+    expected = base()
+    impl(**expected)
+    assert torch.equal(writing[0], plain[0]) and torch.equal(args["k_cache"], expected["k_cache"])
 
 
 def test_zero_cache_seqlens_rows_are_empty_and_sinks_count():

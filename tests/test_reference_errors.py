@@ -272,6 +272,12 @@ PACKAGE_CHECKS = {
                            "num_splits must be an int <= 256 (<= 0 = heuristic, 1 = no split), got 2.0"),
     "num_splits_bool": (lambda a: dict(a, num_splits=True), ValueError,
                         "num_splits must be an int <= 256 (<= 0 = heuristic, 1 = no split), got True"),
+    "causal_str": (lambda a: dict(a, causal="False"), TypeError, "causal must be a bool, got 'False'"),
+    "causal_per_sequence": (lambda a: dict(a, causal=torch.tensor([True, False])), TypeError,
+                            "causal must be a bool, got tensor([ True, False])"),
+    "only_qv_str": (lambda a: dict(a, only_qv="no"), TypeError, "only_qv must be a bool, got 'no'"),
+    "return_softmax_lse_float": (lambda a: dict(a, return_softmax_lse=0.0), TypeError,
+                                 "return_softmax_lse must be a bool, got 0.0"),
     # --- memory the call writes (appended cache slots, out)
     "k_cache_requires_grad": (lambda a: dict(a, k_cache=a["k_cache"].requires_grad_()), ValueError,
                               "k_cache requires grad, but the call writes it in place; pass a tensor that does not "

@@ -11,6 +11,7 @@ import functools
 import html
 import http.server
 import importlib
+import importlib.util
 import inspect
 import json
 import re
@@ -68,9 +69,32 @@ def test_benchmarks_page_shows_every_committed_result(site):
     page = site / "benchmarks" / "index.html"
     assert page.is_file() == bool(devices), "a benchmarks page exactly when results are committed"
     if devices:
-        html = page.read_text(encoding="utf-8")
+        text = page.read_text(encoding="utf-8")
         for plot in results.glob("*.png"):
-            assert f'src="{plot.name}"' in html and (site / "benchmarks" / plot.name).is_file(), plot.name
+            assert f'src="{plot.name}"' in text and (site / "benchmarks" / plot.name).is_file(), plot.name
+        # A device without results is said to have none, plainly.
+        assert ("No GPU figures yet" in text) == (not (results / "cuda.json").is_file())
+        assert ("No CPU figures yet" in text) == (not (results / "cpu.json").is_file())
+
+
+def test_tutorial_pages_link_their_notebook_and_source_and_state_the_run_time(site):
+    for notebook in sorted((ROOT / "docs" / "tutorials").glob("*.ipynb")):
+        folder = site / "tutorials" / notebook.stem
+        text = (folder / "index.html").read_text(encoding="utf-8")
+        seconds = json.loads(notebook.read_text(encoding="utf-8"))["metadata"]["attn_ref"]["run_seconds"]
+        assert f"It ran top to bottom in {seconds:.0f} s" in text, notebook.name
+        for name in (notebook.name, f"{notebook.stem}.py"):
+            assert f'href="{name}" download' in text and (folder / name).is_file(), name
+        assert (folder / f"{notebook.stem}.py").read_bytes() == (ROOT / "tutorials_src" / f"{notebook.stem}.py").read_bytes()
+
+
+def test_comm_volume_chart_draws_ulysses_only_at_valid_degrees():
+    spec = importlib.util.spec_from_file_location("doc_figures", ROOT / "scripts" / "doc_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    ulysses = next(line for line in figures.comm_volume().axes[0].lines if line.get_label().startswith("Ulysses"))
+    degrees = [int(p) for p in ulysses.get_xdata()]
+    assert degrees and all(8 % p == 0 for p in degrees), degrees  # H_k = 8 KV heads
 
 
 def test_source_include_finds_definitions():

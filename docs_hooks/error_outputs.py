@@ -6,8 +6,9 @@ note under it (``traceback.format_exception_only``). The error pages show it as 
 
 The triggers run in one child process (this file run as a script, ``TRITON_INTERPRET=1`` so kernel
 examples run on a CPU), from the project root. Results are cached in ``.cache/error-outputs.json``
-under a key made of the example code and the contents of every ``.py`` file of the packages, so a
-rebuild reruns only what changed; editing any package file reruns all (about 10 s). An entry whose
+under a key made of the example code, the contents of every ``.py`` file of the packages and the
+``ATTN_REF_*`` environment variables (they change the notes), so a rebuild reruns only what changed;
+editing any package file reruns all (about 5 s). An entry whose
 examples need a CUDA device is not run where none is, and gets no output.
 """
 
@@ -37,7 +38,8 @@ def package_fingerprint(root: Path) -> str:
 
 def _key(entry: dict, fingerprint: str) -> str:
     examples = entry["examples"]
-    code = json.dumps([examples.get("setup", ""), examples["trigger"]["code"], fingerprint])
+    settings = sorted((k, v) for k, v in os.environ.items() if k.startswith("ATTN_REF_"))  # notes on/off, docs URL
+    code = json.dumps([examples.get("setup", ""), examples["trigger"]["code"], fingerprint, settings])
     return hashlib.sha256(code.encode()).hexdigest()
 
 

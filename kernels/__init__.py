@@ -8,15 +8,18 @@
   where the reference uses 1.
 * :func:`merge_attention_states` / :func:`combine_attention_states` - the LSE ⊕ of two / ``n``
   attention states (split-KV combine, ring attention), like :func:`attn_ref.merge_attention_states`.
+* :func:`attention_backward` - the gradients of attention from its saved output and LSE (FA2-style
+  dK/dV and dQ kernels), like :func:`attn_ref.attention_backward`.
 
 Modules mirror the reference: :mod:`kernels.kvcache` (the launcher), :mod:`kernels.append`,
-:mod:`kernels.attention`, :mod:`kernels.merge`, :mod:`kernels.paged`, :mod:`kernels.rotary`,
+:mod:`kernels.attention`, :mod:`kernels.backward`, :mod:`kernels.merge`, :mod:`kernels.paged`, :mod:`kernels.rotary`,
 :mod:`kernels.splits`. On a CPU they run through Triton's interpreter (``TRITON_INTERPRET=1``, set
 before import; bf16 is computed in fp32 there, see :mod:`kernels.launch`). Performance has been
 designed for Hopper (H100/H200) but is only as measured in ``benchmarks/results/``.
 """
 
+from .backward import attention_backward
 from .kvcache import flash_attn_with_kvcache
 from .merge import combine_attention_states, merge_attention_states
 
-__all__ = ["combine_attention_states", "flash_attn_with_kvcache", "merge_attention_states"]
+__all__ = ["attention_backward", "combine_attention_states", "flash_attn_with_kvcache", "merge_attention_states"]

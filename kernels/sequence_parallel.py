@@ -6,16 +6,14 @@ backend is bound to the kernels:
 
 * local attention: :func:`kernels.flash_attn_with_kvcache` with ``return_softmax_lse=True`` (K/V as
   a dense cache, bottom-right causal);
-* merge of partial states (ring steps, replicated K/V): :func:`kernels.merge_attention_states`.
+* merge of partial states (ring steps, replicated K/V): :func:`kernels.merge_attention_states`;
+* the backward of local attention (ring steps, Ulysses, USP): :func:`kernels.backward.attention_backward`,
+  so ``loss.backward()`` through these classes runs the same ring backward and collectives' adjoints
+  as the reference, with the Triton backward kernels for the arithmetic.
 
 The ring-flash-attention entry points (``ring_flash_attn_func`` and the rest) are the reference's,
 bound to this backend. Everything else (groups, collectives, layouts, the launcher) is re-exported
 unchanged.
-
-**Forward only, for now.** There is no Triton attention backward yet, so ``KERNEL_BACKEND`` has no
-``attention_backward``: the forward works with inputs that require grad, and ``loss.backward()``
-through these classes raises ``NotImplementedError`` (it never falls back to the reference's
-numerics under the kernels' name). Train with :mod:`attn_ref.sequence_parallel`.
 """
 
 from __future__ import annotations
@@ -45,11 +43,12 @@ from attn_ref.sequence_parallel import (  # noqa: F401 - re-exported: same API a
 from attn_ref.sequence_parallel.comm import Group
 from attn_ref.sequence_parallel.ring_flash_attn import with_backend
 
+from .backward import attention_backward
 from .kvcache import flash_attn_with_kvcache
 from .merge import merge_attention_states
 
-#: The Triton kernels as the SP schemes' local attention and merge (no backward yet).
-KERNEL_BACKEND = AttentionBackend("kernels", flash_attn_with_kvcache, merge_attention_states, attention_backward=None)
+#: The Triton kernels as the SP schemes' local attention, merge and attention backward.
+KERNEL_BACKEND = AttentionBackend("kernels", flash_attn_with_kvcache, merge_attention_states, attention_backward)
 
 
 class UlyssesAttention(_sp.UlyssesAttention):

@@ -73,27 +73,38 @@ def test_gradcheck_float64(shape, causal):
     assert torch.autograd.gradcheck(lambda q, k, v: _DenseWithReferenceBackward.apply(q, k, v, 0.7, causal), (q, k, v))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_low_precision_matches_float64_autograd(dtype, causal):
-    b, sq, sk, h, hkv, d = 2, 24, 40, 4, 2, 32
-    gen = torch.Generator().manual_seed(7 + causal)
-    q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype) for s, n in ((sq, h), (sk, hkv), (sk, hkv)))
-    dout = torch.randn(b, sq, h, d, generator=gen).to(dtype)
-    dlse = torch.randn(b, sq, h, generator=gen)
-    scale = d ** -0.5
-    out, lse = sp.REFERENCE_BACKEND.attend_forward(q, k, v, scale, causal)
-    grads = attn_ref.attention_backward(dout, q, k, v, out, lse, scale, causal, dlse)
+def expected_gradients(q, k, v, dout, dlse, scale, causal):
+    """``(float64 autograd gradients, FA's low-precision baseline)`` of ``Σ out·dout + Σ lse·dlse``.
 
+    The baseline is autograd through :func:`dense_oracle.dense_attention` computed in q's dtype.
+    """
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     out64, lse64 = dense_attention_f64(*leaves, scale, causal)
     ref = torch.autograd.grad((out64 * dout.double()).sum() + (lse64 * dlse.double()).sum(), leaves)
     low = [x.clone().requires_grad_() for x in (q, k, v)]
-    out_lp, lse_lp = zip(*(dense_attention(low[0][i], low[1][i], low[2][i], scale, causal, upcast=False)
-                           for i in range(b)))
-    loss_lp = sum((o.float() * dout[i].float()).sum() + (l.T * dlse[i]).sum()
-                  for i, (o, l) in enumerate(zip(out_lp, lse_lp)))
-    lowp = torch.autograd.grad(loss_lp, low)
+    loss = 0
+    for i in range(q.shape[0]):
+        out, lse = dense_attention(low[0][i], low[1][i], low[2][i], scale, causal, upcast=False)
+        loss = loss + (out.float() * dout[i].float()).sum() + (lse.T * dlse[i]).sum()
+    return ref, torch.autograd.grad(loss, low)
+
+
+def random_problem(shape, dtype, seed):
+    """``q, k, v, dout`` in ``dtype`` and an fp32 ``dlse`` for ``shape = (B, Sq, Sk, H, Hkv, D)``."""
+    b, sq, sk, h, hkv, d = shape
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype) for s, n in ((sq, h), (sk, hkv), (sk, hkv)))
+    return q, k, v, torch.randn(b, sq, h, d, generator=gen).to(dtype), torch.randn(b, sq, h, generator=gen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_low_precision_matches_float64_autograd(dtype, causal):
+    q, k, v, dout, dlse = random_problem((2, 24, 40, 4, 2, 32), dtype, 7 + causal)
+    scale = q.shape[-1] ** -0.5
+    out, lse = sp.REFERENCE_BACKEND.attend_forward(q, k, v, scale, causal)
+    grads = attn_ref.attention_backward(dout, q, k, v, out, lse, scale, causal, dlse)
+    ref, lowp = expected_gradients(q, k, v, dout, dlse, scale, causal)
     for name, grad, grad_ref, grad_lowp in zip("qkv", grads, ref, lowp):
         assert grad.dtype == dtype, name
         assert_close_fa(grad, grad_ref, grad_lowp)

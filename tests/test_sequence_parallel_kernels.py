@@ -3,14 +3,13 @@
 :mod:`kernels.sequence_parallel` binds the shared SP code to ``kernels.flash_attn_with_kvcache`` and
 ``kernels.merge_attention_states``; this module runs the cases and error cases of
 :mod:`test_sequence_parallel_ranks` with it (one spawn per rank count) and applies the same checks:
-every rank's rows match single-device attention over the whole sequence. The kernel backend has no
-backward yet: a backward through it raises (it never falls back to the reference's numerics).
+every rank's rows match single-device attention over the whole sequence; and some gradient cases of
+:mod:`test_sp_backward` (the Triton backward under the ring backward and the collectives' adjoints).
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip(
     "kernels.sequence_parallel", reason="needs kernels.flash_attn_with_kvcache and kernels.merge_attention_states"
@@ -18,6 +17,7 @@ pytest.importorskip(
 
 from attn_ref import sequence_parallel as sp  # noqa: E402
 from test_sequence_parallel_ranks import CASES, check_case, check_error, error_cases, run_rank  # noqa: E402
+import test_sp_backward  # noqa: E402
 
 SPAWN_TIMEOUT_S = 300
 
@@ -54,13 +54,21 @@ def test_kernels_four_ranks_match_single_device(four_ranks, case):
     check_case(four_ranks, case)
 
 
-def test_kernel_backend_refuses_the_backward():
-    """No Triton backward yet: the forward works with inputs that require grad, the backward raises."""
-    from kernels import sequence_parallel as ksp
+#: Gradient cases on the kernels (interpreter: a few, one per scheme).
+GRAD_CASE_IDS = [
+    "ulysses2x1-gqa-causal-rep-suffix-float16",
+    "kv_gather2x1-gqa-full-rep-suffix",
+    "ring1x2-gqa-causal-zigzag-bfloat16",
+    "usp1x2-gqa-causal-zigzag-rep-prefix",
+]
 
-    q, k, v = (torch.randn(1, 8, 2, 16, requires_grad=True) for _ in range(3))
-    out = ksp.USPAttention(2, 16, causal=True)(q, k, v)  # one rank: local attention on the kernels
-    ring_out, _ = ksp.ring_attention(q, k, v, causal=True)  # a ring of one rank
-    for result in (out, ring_out):
-        with pytest.raises(NotImplementedError, match=r"the 'kernels' attention backend has no backward"):
-            result.sum().backward()
+
+@pytest.fixture(scope="module")
+def two_ranks_gradients():
+    return sp.launch(test_sp_backward.run_rank, 2, ("kernels", GRAD_CASE_IDS, 2), timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("case", [c for c in test_sp_backward.CASES[2] if c.id in GRAD_CASE_IDS], ids=lambda c: c.id)
+def test_kernels_two_ranks_gradients_match_single_device(two_ranks_gradients, case):
+    test_sp_backward.check_grads(two_ranks_gradients, case)

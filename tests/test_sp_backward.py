@@ -207,8 +207,11 @@ def _local_grads(case, dq, dk, dv, q_rows, kv_rows, rep_rows) -> dict[str, torch
     return grads
 
 
-def run_rank(case_ids: list[str], world: int) -> dict:
-    """Body of every rank: every case of this world size, with the reference API."""
+def run_rank(api_name: str, case_ids: list[str], world: int) -> dict:
+    """Body of every rank: the cases ``case_ids`` of this world size, with ``api_name.sequence_parallel``."""
+    import importlib
+
+    api = importlib.import_module(f"{api_name}.sequence_parallel")
     groups: dict = {}
     by_id = {case.id: case for case in CASES[world]}
     reports = {}
@@ -217,7 +220,7 @@ def run_rank(case_ids: list[str], world: int) -> dict:
         key = (case.ulysses_degree, case.ring_degree)
         if key not in groups:  # the same creation order on every rank (new_group is collective)
             groups[key] = sp.init_sequence_parallel_groups(*key)
-        reports[case_id] = run_grad_case(sp, case, groups[key])
+        reports[case_id] = run_grad_case(api, case, groups[key])
     return reports
 
 
@@ -251,7 +254,7 @@ def check_grads(reports: list[dict], case: GradCase) -> None:
 
 
 def _spawn(world: int) -> list[dict]:
-    return sp.launch(run_rank, world, ([c.id for c in CASES[world]], world), timeout_s=SPAWN_TIMEOUT_S)
+    return sp.launch(run_rank, world, ("attn_ref", [c.id for c in CASES[world]], world), timeout_s=SPAWN_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..backward import attention_backward
 from ..kvcache import flash_attn_with_kvcache
@@ -104,6 +105,7 @@ class _Attend(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ctx.backend.attend_backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, dlse)

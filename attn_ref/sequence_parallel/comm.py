@@ -25,6 +25,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 from errors.notes import catalogued
 
@@ -108,6 +109,7 @@ class _AllToAll4D(torch.autograd.Function):
         return _exchange_4d(x, scatter_dim, gather_dim, group, seq_lens)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         scatter_dim, gather_dim = ctx.dims
         return _exchange_4d(grad.contiguous(), gather_dim, scatter_dim, ctx.group, ctx.seq_lens), None, None, None, None
@@ -198,6 +200,7 @@ class _AllGather(torch.autograd.Function):
         return torch.cat(parts, dim=dim)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         world = group_size(ctx.group)
         send = torch.stack(grad.chunk(world, dim=ctx.dim)).contiguous()  # [P, ...]: block j goes to rank j

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 from .comm import Group, group_rank, group_size
 
@@ -47,6 +48,7 @@ class _SumGradient(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         total = grad.contiguous().clone()
         dist.all_reduce(total, group=ctx.group)
@@ -62,5 +64,6 @@ class _GradientOnFirstRank(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         return (grad if ctx.first else torch.zeros_like(grad)), None

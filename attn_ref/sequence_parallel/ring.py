@@ -33,6 +33,7 @@ from itertools import combinations
 from typing import Callable, Optional, Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from errors.notes import catalogued
 
@@ -188,6 +189,7 @@ class _RingAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout, dlse):
         q, k, v, k_fixed, v_fixed, out, lse = ctx.saved_tensors
         grads = _ring_backward(ctx.plan, dout, dlse, q, k, v, k_fixed, v_fixed, out, lse)

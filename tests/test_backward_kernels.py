@@ -7,9 +7,18 @@
   ``Sq > Sk``), non-contiguous inputs and ``grad_dtype``.
 * Wired into ``kernels.sequence_parallel``: gradients through the kernel backend equal the
   reference backend's.
+* The three kernels compile for CUDA sm_90 and sm_80 without a GPU (a subprocess without
+  ``TRITON_INTERPRET``, as in :mod:`test_kernel_compile`, whose signature builder it uses), for the
+  variants :data:`COMPILE_VARIANTS` plan.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,3 +88,69 @@ def test_kernel_sequence_parallel_gradients_equal_the_reference():
         grads[api.__name__] = [x.grad for x in leaves]
     for grad, grad_ref in zip(grads[ksp.__name__], grads[sp.__name__]):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-5)
+
+
+#: (dtype, head dim, causal, GQA, with dlse): every constexpr branch of the three kernels.
+COMPILE_VARIANTS = [
+    (torch.float16, 128, True, True, True),
+    (torch.bfloat16, 256, False, True, False),
+    (torch.bfloat16, 64, True, False, True),
+    (torch.float32, 64, True, True, False),
+]
+
+
+def _compile_launches(dtype, d, causal, gqa, with_dlse):
+    """The launches of one backward call (``B=2, Sq=128, Sk=192, H=8``), planned as the launcher does."""
+    from kernels.backward import plan_dkdv, plan_dq, plan_preprocess
+
+    b, sq, sk, h = 2, 128, 192, 8
+    hk = 2 if gqa else h
+    q, out = torch.empty(b, sq, h, d, dtype=dtype), torch.empty(b, sq, h, d, dtype=dtype)
+    k, v = torch.empty(b, sk, hk, d, dtype=dtype), torch.empty(b, sk, hk, d, dtype=dtype)
+    stats = torch.empty(b, h, sq)  # lse and delta, [B, H, Sq] fp32
+    dlse = torch.empty(b, sq, h) if with_dlse else None
+    return [
+        plan_preprocess(out, out, dlse, stats),
+        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1, causal),
+        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, causal),
+    ]
+
+
+def compile_all(arch: int) -> dict[str, str]:
+    """Compile every variant for ``cuda`` ``arch``: ``{variant/kernel: "ok" or the error}``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from test_kernel_compile import _signature
+
+    results = {}
+    for variant in COMPILE_VARIANTS:
+        for launch in _compile_launches(*variant):
+            label = f"{variant}/{launch.kernel.__name__}"
+            signature, constexprs, attrs = _signature(launch)
+            try:
+                source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+                compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                                          options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+                results[label] = "ok" if compiled.asm.get("cubin") else "no cubin produced"
+            except Exception as error:  # reported per variant by the test below
+                results[label] = f"{type(error).__name__}: {error}"[:2000]
+    return results
+
+
+@pytest.mark.parametrize("arch", [90, 80], ids=["sm_90", "sm_80"])
+def test_backward_kernels_compile(arch):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tests_dir = Path(__file__).parent
+    env["PYTHONPATH"] = os.pathsep.join([str(tests_dir), str(tests_dir.parent), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, __file__, str(arch)], env=env, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    failed = {label: error for label, error in results.items() if error != "ok"}
+    assert not failed, "\n\n".join(f"{label}: {error}" for label, error in failed.items())
+    assert len(results) == 3 * len(COMPILE_VARIANTS)
+
+
+if __name__ == "__main__":
+    print(json.dumps(compile_all(int(sys.argv[1]))))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import struct
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -289,8 +290,8 @@ def _require_float32_finite(name: str, x: float) -> None:
 
 
 def _float32(x: float) -> float:
-    """``x`` rounded to float32 (the precision FA3's kernels get it in), as a Python float."""
-    return torch.tensor(x, dtype=torch.float32).item()
+    """``x`` (finite, within float32's range) rounded to float32, the precision FA3's kernels get it in."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,6 +304,8 @@ def _float32(x: float) -> float:
 def _non_overlapping(x: torch.Tensor) -> bool:
     """True if no two elements of ``x`` share memory: sorted by stride, every dimension's stride
     exceeds the span of the smaller ones (a stride-0 / expanded view fails; a sufficient test)."""
+    if x.is_contiguous():
+        return True
     span = 0
     for stride, size in sorted((st, n) for st, n in zip(x.stride(), x.shape) if n > 1):
         if stride <= span:
@@ -330,12 +333,17 @@ def _contains(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return inside & (rest == 0)
 
 
+def _storage_start(x: torch.Tensor) -> int:
+    """Address of the start of ``x``'s storage (cheaper than ``x.untyped_storage().data_ptr()``)."""
+    return x.data_ptr() - x.storage_offset() * x.element_size()
+
+
 def _shares_memory(x: torch.Tensor, offsets, y: torch.Tensor) -> bool:
     """Whether elements of ``x`` at ``offsets()`` (a callable, evaluated only if needed) lie in ``y``'s
     memory. Different element sizes over one byte range count as shared."""
     if x.numel() == 0 or y.numel() == 0 or "meta" in (x.device.type, y.device.type):
         return False
-    if x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr():
+    if x.device != y.device or _storage_start(x) != _storage_start(y):
         return False
 
     def byte_range(t):
@@ -362,10 +370,12 @@ def _require_writable(name: str, x: torch.Tensor) -> None:
                          f"element (e.g. {name}.contiguous())")
 
 
-def _require_unshared(name: str, x: torch.Tensor, offsets, others: dict) -> None:
-    """The elements of ``x`` the call writes (``offsets()``) must not be memory of another argument."""
-    for other_name, y in others.items():
-        if other_name != name and isinstance(y, torch.Tensor) and _shares_memory(x, offsets, y):
+def _require_unshared(name: str, offsets, arguments: dict, starts: dict) -> None:
+    """The elements of argument ``name`` the call writes (``offsets()``) must not be memory of another
+    argument; ``starts`` maps the tensor arguments to their :func:`_storage_start`."""
+    x = arguments[name]
+    for other_name, start in starts.items():
+        if other_name != name and start == starts.get(name) and _shares_memory(x, offsets, arguments[other_name]):
             raise ValueError(f"{name} shares memory with {other_name}, and the call writes {name}: "
                              f"pass tensors that do not overlap")
 
@@ -718,15 +728,16 @@ def check_kvcache_args(
     arguments = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos,
                      rotary_sin=rotary_sin, sinks=sinks, q_descale=q_descale, k_descale=k_descale,
                      v_descale=v_descale, out=out)
+    starts = {name: _storage_start(x) for name, x in arguments.items() if isinstance(x, torch.Tensor)}
     if appending:
         for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             _require_writable(name, cache)
             offsets = lambda cache=cache: _cache_write_offsets(  # noqa: E731
                 cache, page_table, cache_rows, seqlens_c, new_lens)
-            _require_unshared(name, cache, offsets, arguments)
+            _require_unshared(name, offsets, arguments, starts)
     if out is not None:
         _require_writable("out", out)
-        _require_unshared("out", out, lambda: _all_offsets(out), arguments)
+        _require_unshared("out", lambda: _all_offsets(out), arguments, starts)
 
     # FA3 skips the kernel when q's batch x k_cache.shape[1] + new tokens == 0 ("zero-length KV":
     # out 0, lse +inf). With a page table shape[1] is the page size (>= 1), so paged KV is never empty.

@@ -52,6 +52,9 @@ KERNEL_CALLS = 0 if torch.cuda.is_available() else int(os.environ.get("ATTN_REF_
 SEED = int(os.environ.get("ATTN_REF_FUZZ_SEED", "0"))
 CATALOGUED = (ValueError, TypeError, NotImplementedError)
 PARAMETERS = list(inspect.signature(attn_ref.flash_attn_with_kvcache).parameters)
+#: Read once: a long run must not see the file while someone rewrites it (``errors check`` keeps it
+#: in step with the code).
+CATALOG = errors.load()
 #: Messages that name the quantity but no parameter: FA3's verbatim rotary text ("rotary cos/sin"),
 #: and the head-count rule, which is about q's heads and the caches' heads together.
 UNNAMED = {"rotary/without-new-kv", "arguments/heads-not-divisible"}
@@ -324,7 +327,7 @@ def outcome(fn, args: dict):
 def refusal_problems(exc: BaseException) -> list[str]:
     if not isinstance(exc, CATALOGUED):
         return [f"uncatalogued exception type {type(exc).__name__}: {exc}"]
-    entry = errors.lookup(exc)
+    entry = errors.lookup(exc, CATALOG)
     if entry is None or entry["status"] != "active" or entry["exception"]["type"] != type(exc).__name__:
         return [f"no active catalog entry for {type(exc).__name__}: {exc}"]
     if not re.fullmatch(entry["message"]["regex"], str(exc)):

@@ -27,7 +27,7 @@ that sees no key (``lse = -inf``) has ``P = 0`` and gets zero gradients.
 
 The arithmetic is fp32 for fp16/bf16/fp32 inputs (float64 for float64 inputs, so that
 ``torch.autograd.gradcheck`` can check it), with bounded memory: query rows are processed in chunks
-as in the forward.
+as in the forward. :func:`kernels.backward.attention_backward` is the Triton twin (same signature).
 """
 
 from __future__ import annotations

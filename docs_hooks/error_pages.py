@@ -170,8 +170,11 @@ def index_page(catalog: dict) -> str:
         catalog.get("scope", "").rstrip(), "",
         "Every entry has a page with what the error means, when it happens, the raise statement in the "
         "source, solutions and runnable examples. Exceptions raised through the public API carry the "
-        "entry's id and link as a note (set `ATTN_REF_ERROR_NOTES=0` to turn the notes off); from a "
-        "shell, `python -m errors explain \"<message>\"` prints the same page.", "",
+        "entry's id, the command `python -m errors explain <id>` (works offline) and a link to its page "
+        "as a note (`ATTN_REF_DOCS_URL` points the link at another build, empty drops it; "
+        "`ATTN_REF_ERROR_NOTES=0` turns the notes off). From a shell, `python -m errors explain` takes "
+        "the message (with or without its `ValueError: ` prefix), the id, or with `-` a whole pasted "
+        "traceback on stdin, and prints the same page.", "",
     ]
     if catalog.get("upstream_shared"):
         lines += [catalog["upstream_shared"]["statement"], ""]

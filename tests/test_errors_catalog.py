@@ -34,7 +34,7 @@ def test_examples(entry):
 
 
 def test_q_none_entry_is_the_one_users_search_for():
-    entry = errors.get("kvcache/q-none-without-only-qv")
+    entry = errors.get("only-qv/q-none-without-only-qv")
     assert entry["message"]["template"] == "q can only be None when only_qv=True"
     assert "flash_attn_with_kvcache(q=None, k_cache=kc, v_cache=vc)" in entry["examples"]["trigger"]["code"]
     assert "only_qv=True, qv=qv" in entry["examples"]["fixed"]["code"] or \
@@ -67,17 +67,17 @@ def test_shared_statement_lists_exactly_the_entries_with_upstream():
 
 
 def test_example_rules_can_fail():
-    entry = copy.deepcopy(errors.get("kvcache/v-cache-missing"))
+    entry = copy.deepcopy(errors.get("kv-cache/v-cache-missing"))
     examples = entry["examples"]
     examples["recovery"]["code"] = "out = flash_attn_with_kvcache(q, k_cache, v_cache)\n"
     examples["fixed"]["code"] = examples["trigger"]["code"]
     examples["trigger"]["code"] = "flash_attn_with_kvcache(q, None, v_cache)  # another error\n"
     examples["predicate"]["true_cases"] = ["v_cache_missing(v_cache)"]
     problems = example_problems(entry, CATALOG)
-    own, other = entry["source"], errors.get("kvcache/k-cache-none-without-only-qv")["source"]
+    own, other = entry["source"], errors.get("only-qv/k-cache-none-without-only-qv")["source"]
     assert problems == [
         "trigger: message 'k_cache can only be None when only_qv=True' does not match the entry's regex",
-        "trigger: message 'k_cache can only be None when only_qv=True' also matches kvcache/k-cache-none-without-only-qv",
+        "trigger: message 'k_cache can only be None when only_qv=True' also matches only-qv/k-cache-none-without-only-qv",
         f"trigger: raised at {other['path']}:{other['line']}, expected {own['path']}:{own['line']}-{own['end_line']}",
         "fixed: raised ValueError: v_cache must be provided",
         "recovery: this entry's error was never raised (and recovered from) while it ran",

@@ -19,11 +19,11 @@ def _run(capsys, *argv):
     return code, out, err
 
 
-@pytest.mark.parametrize("query", [Q_NONE, "kvcache/q-none-without-only-qv"])
-def test_explain_by_message_or_slug(capsys, query):
+@pytest.mark.parametrize("query", [Q_NONE, "only-qv/q-none-without-only-qv", "kvcache/q-none-without-only-qv"])
+def test_explain_by_message_slug_or_old_slug(capsys, query):
     code, out, err = _run(capsys, "explain", *query.split())
     assert code == 0 and err == ""
-    entry = errors.get("kvcache/q-none-without-only-qv")
+    entry = errors.get("only-qv/q-none-without-only-qv")
     assert out.startswith(f"# {entry['slug']}: {entry['summary']}")
     for section in ("## What it means", "## When it happens", "## Solutions", "## Examples", "## Source", "## Upstream"):
         assert section in out
@@ -75,7 +75,7 @@ def test_list_and_search(capsys):
     assert code == 0 and len(out.splitlines()) == len(rows)
     code, out, _ = _run(capsys, "search", "only_qv", "qv")
     slugs = {line.split()[1] for line in out.splitlines()}
-    assert code == 0 and "kvcache/q-none-without-only-qv" in slugs and "kvcache/only-qv-without-qv" in slugs
+    assert code == 0 and "only-qv/q-none-without-only-qv" in slugs and "only-qv/only-qv-without-qv" in slugs
 
 
 def test_scan_any_tree(capsys, tmp_path):

@@ -19,7 +19,7 @@ def _q_none_error():
 def test_note_names_the_offline_command_and_the_docs_url_and_message_is_unchanged(monkeypatch):
     monkeypatch.delenv(DOCS_URL_ENV, raising=False)
     exc = _q_none_error()
-    entry = errors.get("kvcache/q-none-without-only-qv")
+    entry = errors.get("only-qv/q-none-without-only-qv")
     assert str(exc) == "q can only be None when only_qv=True"
     assert exc.__notes__ == [f"attn-ref error {entry['id']}: {entry['slug']}; run `python -m errors explain "
                              f"{entry['id']}` or see {entry['docs_url']}"]
@@ -31,7 +31,7 @@ def test_note_names_the_offline_command_and_the_docs_url_and_message_is_unchange
                                            ("file:///opt/site", "file:///opt/site/errors/"), ("", None)])
 def test_docs_url_of_the_note_is_configurable(monkeypatch, setting, link):
     monkeypatch.setenv(DOCS_URL_ENV, setting)
-    entry = errors.get("kvcache/q-none-without-only-qv")
+    entry = errors.get("only-qv/q-none-without-only-qv")
     (note,) = _q_none_error().__notes__
     command = f"run `python -m errors explain {entry['id']}`"
     assert note.endswith(f"{command} or see {link}{entry['id']}/" if link else command)
@@ -66,7 +66,7 @@ def test_errors_not_raised_by_the_package_get_no_note_and_notes_are_not_repeated
 def test_lookup_get_explain():
     exc = _q_none_error()
     entry = errors.lookup(exc)
-    assert entry["slug"] == "kvcache/q-none-without-only-qv"
+    assert entry["slug"] == "only-qv/q-none-without-only-qv"
     assert errors.lookup(str(exc)) is entry
     assert errors.get(entry["id"]) is entry
     assert errors.lookup("a message nobody raises") is None

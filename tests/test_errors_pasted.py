@@ -15,7 +15,7 @@ from errors.pasted import read
 
 Q_NONE = "q can only be None when only_qv=True"
 CAPACITY = "batch entry 0: cache_seqlens (8) + new tokens (1) exceeds the cache capacity (8 tokens per sequence)"
-Q_NONE_ID = errors.get("kvcache/q-none-without-only-qv")["id"]
+Q_NONE_ID = errors.get("only-qv/q-none-without-only-qv")["id"]
 SP_NOT_A_TENSOR_ID = errors.get("sequence-parallel/not-a-tensor")["id"]
 
 CHAINED_TRACEBACK = f"""\
@@ -45,16 +45,16 @@ attn-ref error {SP_NOT_A_TENSOR_ID}: sequence-parallel/not-a-tensor; run `python
 """
 
 PASTES = [
-    (f"ValueError: {Q_NONE}", "kvcache/q-none-without-only-qv"),
-    (f"builtins.ValueError: {Q_NONE}", "kvcache/q-none-without-only-qv"),
+    (f"ValueError: {Q_NONE}", "only-qv/q-none-without-only-qv"),
+    (f"builtins.ValueError: {Q_NONE}", "only-qv/q-none-without-only-qv"),
     (f"E       ValueError: {CAPACITY}", "kv-cache/capacity-exceeded"),
-    (f"ValueError('{Q_NONE}')", "kvcache/q-none-without-only-qv"),
-    (CHAINED_TRACEBACK, "kvcache/q-none-without-only-qv"),
+    (f"ValueError('{Q_NONE}')", "only-qv/q-none-without-only-qv"),
+    (CHAINED_TRACEBACK, "only-qv/q-none-without-only-qv"),
     (NOTED_TRACEBACK, "sequence-parallel/not-a-tensor"),
-    (f"attn-ref error {Q_NONE_ID}: kvcache/q-none-without-only-qv, see https://example.org/", "kvcache/q-none-without-only-qv"),
-    (f"https://attn-ref.github.io/attn-ref/errors/{Q_NONE_ID}/", "kvcache/q-none-without-only-qv"),
-    (f"https://attn-ref.github.io/attn-ref/api/errors/{Q_NONE_ID}.json", "kvcache/q-none-without-only-qv"),
-    ("f0e8c28e3c1dd042", "kvcache/q-none-without-only-qv"),
+    (f"attn-ref error {Q_NONE_ID}: only-qv/q-none-without-only-qv, see https://example.org/", "only-qv/q-none-without-only-qv"),
+    (f"https://attn-ref.github.io/attn-ref/errors/{Q_NONE_ID}/", "only-qv/q-none-without-only-qv"),
+    (f"https://attn-ref.github.io/attn-ref/api/errors/{Q_NONE_ID}.json", "only-qv/q-none-without-only-qv"),
+    ("f0e8c28e3c1dd042", "only-qv/q-none-without-only-qv"),
     ("7da82cf0c0998327", "sequence-parallel/replicated-qkv-together"),
     ("AssertionError: v_cache must have contiguous last dimension", "arguments/non-contiguous-last-dim"),
     (f"  {CAPACITY}\n", "kv-cache/capacity-exceeded"),
@@ -88,7 +88,7 @@ def test_the_last_exception_line_counts_and_unknown_notes_are_ignored():
     # a note that belongs to an earlier exception of a chain does not count for the last one
     earlier_note = NOTED_TRACEBACK + "\nDuring handling of the above exception, another exception occurred:\n\n" + \
         f"ValueError: {Q_NONE}\n"
-    assert read(earlier_note).id is None and errors.lookup(earlier_note)["slug"] == "kvcache/q-none-without-only-qv"
+    assert read(earlier_note).id is None and errors.lookup(earlier_note)["slug"] == "only-qv/q-none-without-only-qv"
 
 
 @pytest.mark.parametrize("text", ["ValueError: a message nobody raises", "Traceback (most recent call last):\n",

@@ -54,21 +54,35 @@ def test_kernels_four_ranks_match_single_device(four_ranks, case):
     check_case(four_ranks, case)
 
 
-#: Gradient cases on the kernels (interpreter: a few, one per scheme).
-GRAD_CASE_IDS = [
-    "ulysses2x1-gqa-causal-rep-suffix-float16",
-    "kv_gather2x1-gqa-full-rep-suffix",
-    "ring1x2-gqa-causal-zigzag-bfloat16",
-    "usp1x2-gqa-causal-zigzag-rep-prefix",
-]
+#: Gradient cases on the kernels (interpreter: a few, one per scheme), by world size.
+GRAD_CASE_IDS = {
+    2: ["ulysses2x1-gqa-causal-rep-suffix-float16", "kv_gather2x1-gqa-full-rep-suffix",
+        "ring1x2-gqa-causal-zigzag-bfloat16", "usp1x2-gqa-causal-zigzag-rep-prefix"],
+    4: ["usp2x2-gqa-causal-zigzag-rep-prefix"],
+}
+
+
+def _grad_cases(world: int) -> list:
+    return [c for c in test_sp_backward.CASES[world] if c.id in GRAD_CASE_IDS[world]]
 
 
 @pytest.fixture(scope="module")
 def two_ranks_gradients():
-    return sp.launch(test_sp_backward.run_rank, 2, ("kernels", GRAD_CASE_IDS, 2), timeout_s=SPAWN_TIMEOUT_S)
+    return sp.launch(test_sp_backward.run_rank, 2, ("kernels", GRAD_CASE_IDS[2], 2), timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def four_ranks_gradients():
+    return sp.launch(test_sp_backward.run_rank, 4, ("kernels", GRAD_CASE_IDS[4], 4), timeout_s=SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("case", [c for c in test_sp_backward.CASES[2] if c.id in GRAD_CASE_IDS], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", _grad_cases(2), ids=lambda c: c.id)
 def test_kernels_two_ranks_gradients_match_single_device(two_ranks_gradients, case):
     test_sp_backward.check_grads(two_ranks_gradients, case)
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("case", _grad_cases(4), ids=lambda c: c.id)
+def test_kernels_four_ranks_gradients_match_single_device(four_ranks_gradients, case):
+    test_sp_backward.check_grads(four_ranks_gradients, case)

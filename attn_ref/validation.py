@@ -14,9 +14,19 @@ Order of the checks:
    ``k_cache`` / dummy ``q`` for ``only_qv`` and its default ``softmax_scale``. sglang raises the two
    stride messages with ``assert``; here they are ``ValueError`` with the same text.
 2. This package's extra checks, for what upstream leaves to C++ ``TORCH_CHECK`` s (``RuntimeError``)
-   or to undefined behaviour: types, dtypes, devices, shapes, head divisibility, index ranges, cache
-   capacity, page size, rotary table length, qv/out strides, conflicting cache writes, memory shared
-   between a tensor that is written and another argument.
+   or to undefined behaviour, in two phases:
+
+   a. *static checks* (:func:`check_kvcache_args` itself): types, dtypes, devices, shapes, head
+      divisibility, page size, rotary table length, option values, qv/out strides, memory shared
+      between ``out`` and another argument. They read no tensor's values.
+   b. *value checks*, which read index tensors back to the host: the ``cu_seqlens_*`` offsets (in
+      their place among the static checks, as they define the batch structure), then, after every
+      static check, :func:`check_kvcache_values`: ``max_seqlen_q``, ``cache_batch_idx`` range,
+      ``cache_leftpad`` / ``cache_seqlens`` and capacity, ``page_table`` range, conflicting cache
+      writes, rotary table rows, logit overflow with a huge ``softmax_scale``, cache writes into
+      another argument's memory (an input with errors of both kinds reports the static one).
+      ``value_checks=False`` skips them all (the kernels do inside a CUDA graph capture, see
+      :mod:`kernels.host_checks`); nothing then reads a device value on the host.
 
 Compatibility rule (spec section 1.7): a call FA3 accepts is accepted here with the same result, and
 what FA3 ignores in a configuration is ignored here too, without a check: ``rotary_seqlens`` and
@@ -25,8 +35,9 @@ for other dtypes. Option values get FA3's meaning: a negative window side is unb
 side at least as long as the static lengths is unbounded, ``attention_chunk`` goes through ``int()``
 and ``<= 0`` is off, ``softcap <= 0`` (or NaN) is off and is used in float32, as FA3 does.
 
-The result is a :class:`KVCacheCall`: the resolved arguments plus per-batch lengths as Python ints,
-which is everything an implementation needs to compute the answer.
+The result is a :class:`KVCacheCall`: the resolved arguments plus the per-batch lengths, as a
+device tensor computed with torch ops (:func:`batch_table`, what the kernels read) and, after the
+value checks, as Python ints read from it (what the reference loops over).
 
 Notation used in shapes: ``b`` batch, ``sq`` query length, ``h`` query heads, ``h_k`` key/value heads,
 ``d`` q/k head dim, ``dv`` v head dim, ``P`` page size.
@@ -55,6 +66,9 @@ INT64_MAX = 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 #: ``|softmax_scale|`` above which (without softcap) the validation bounds the logits from the data.
 LARGE_SCALE = 1e4
+#: Rows of :attr:`KVCacheCall.batch`, one per-batch value each (see :class:`KVCacheCall`).
+BATCH_FIELDS = ("seqlens_q", "q_starts", "cache_rows", "leftpads", "seqlens_k", "new_lens",
+                "new_starts", "cache_seqlens", "rotary_starts")
 
 
 @dataclass
@@ -62,7 +76,9 @@ class KVCacheCall:
     """A validated ``flash_attn_with_kvcache`` call.
 
     Tensors are the caller's (``k_cache`` may be sglang's ``only_qv`` placeholder, ``q`` its dummy).
-    Per-batch lists hold Python ints, one per batch entry ``i``:
+    Per-batch values, one per batch entry ``i``, are the rows of ``batch`` (``(9, b)`` int64 on q's
+    device, in :data:`BATCH_FIELDS` order) and, once :func:`check_kvcache_values` has run, the lists
+    of the same names (Python ints; ``None`` when the value checks were skipped):
 
     * ``seqlens_q[i]`` (``Sq_i``): query rows; ``q_starts[i]``: first row in varlen ``q`` (0 otherwise).
     * ``cache_rows[i]``: cache row (no page table) or page-table row used by batch ``i``.
@@ -93,15 +109,8 @@ class KVCacheCall:
     head_dim: int
     head_dim_v: int
     varlen_q: bool
-    seqlens_q: list[int]
-    q_starts: list[int]
-    cache_rows: list[int]
-    cache_seqlens: list[int]
-    leftpads: list[int]
-    new_lens: list[int]
-    new_starts: list[int]
-    seqlens_k: list[int]
-    rotary_starts: list[int]
+    seqlen_q_bound: int  # static bound on every Sq_i: sq, or max_seqlen_q (at most total_q) for varlen q
+    batch: torch.Tensor
     page_size: int
     capacity: int
     softmax_scale: float
@@ -116,6 +125,15 @@ class KVCacheCall:
     num_splits: int  # 0 = heuristic (any num_splits <= 0 given), 1 = no split, n > 1 = n splits
     empty_kv: bool
     return_softmax_lse: bool
+    seqlens_q: Optional[list[int]] = None
+    q_starts: Optional[list[int]] = None
+    cache_rows: Optional[list[int]] = None
+    leftpads: Optional[list[int]] = None
+    seqlens_k: Optional[list[int]] = None
+    new_lens: Optional[list[int]] = None
+    new_starts: Optional[list[int]] = None
+    cache_seqlens: Optional[list[int]] = None
+    rotary_starts: Optional[list[int]] = None
 
     @property
     def paged(self) -> bool:
@@ -132,11 +150,13 @@ class KVCacheCall:
 
     @property
     def total_q(self) -> int:
-        return sum(self.seqlens_q)
+        """Query rows: ``q.shape[0]`` packed, ``b · sq`` batched (= ``Σ Sq_i`` once validated)."""
+        return self.q.shape[0] if self.varlen_q else self.batch_size * self.q.shape[1]
 
     @property
-    def max_seqlen_q(self) -> int:
-        return self.q.shape[0] if self.varlen_q else self.q.shape[1]
+    def appending(self) -> bool:
+        """New tokens are written into the cache (``Σ N_i > 0``: k's token count, once validated)."""
+        return self.k is not None and self.k.shape[:-2].numel() > 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,17 +208,21 @@ def _require_device(name: str, x: torch.Tensor, device: torch.device) -> None:
         raise ValueError(f"{name} must be on the same device as q ({device}), got {x.device}")
 
 
-def _require_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str) -> list[int]:
-    """Check an int32 ``(b + 1,)`` offsets tensor: starts at 0, never decreases, ends at ``total``."""
+def _require_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str, read_values: bool) -> None:
+    """Check an int32 ``(b + 1,)`` offsets tensor: starts at 0, never decreases, ends at ``total``.
+
+    The values are read (a value check, run here because they define the batch structure) only if
+    ``read_values``, or if there are fewer than two entries (a call that fails: at most one value)."""
     _require_dtype(name, cu, torch.int32)
     _require_ndim(name, cu, 1, "(batch + 1,) offsets")
+    if not read_values and cu.shape[0] >= 2:
+        return
     offsets = cu.tolist()
     monotone = all(a <= b for a, b in zip(offsets, offsets[1:]))
     if len(offsets) < 2 or offsets[0] != 0 or not monotone or offsets[-1] != total:
         raise ValueError(
             f"{name} must start at 0, never decrease and end at {total_name}={total}, got {offsets}"
         )
-    return offsets
 
 
 def _require_index_range(name: str, values: list[int], low: int, high: int) -> None:
@@ -208,15 +232,14 @@ def _require_index_range(name: str, values: list[int], low: int, high: int) -> N
         raise ValueError(f"{name} values must lie in [{low}, {high}), got {bad[:8]}")
 
 
-def _optional_int32_vector(name: str, x, batch: int, device: torch.device) -> Optional[list[int]]:
-    """An optional ``(b,)`` int32 tensor on q's device, returned as a list of ints."""
+def _require_int32_vector(name: str, x, batch: int, device: torch.device) -> None:
+    """An optional ``(b,)`` int32 tensor on q's device (its values go to :func:`batch_table`)."""
     if x is None:
-        return None
+        return
     _require_tensor(name, x)
     _require_device(name, x, device)
     _require_dtype(name, x, torch.int32)
     _require_shape(name, x, (batch,), "(batch,)")
-    return x.tolist()
 
 
 def _int64(x) -> Optional[int]:
@@ -370,6 +393,11 @@ def _require_writable(name: str, x: torch.Tensor) -> None:
                          f"element (e.g. {name}.contiguous())")
 
 
+def _storage_starts(arguments: dict) -> dict:
+    """:func:`_storage_start` of each tensor among ``arguments`` (name -> argument)."""
+    return {name: _storage_start(x) for name, x in arguments.items() if isinstance(x, torch.Tensor)}
+
+
 def _require_unshared(name: str, offsets, arguments: dict, starts: dict) -> None:
     """The elements of argument ``name`` the call writes (``offsets()``) must not be memory of another
     argument; ``starts`` maps the tensor arguments to their :func:`_storage_start`."""
@@ -405,11 +433,14 @@ def check_kvcache_args(
     q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
     window_size=(-1, -1), attention_chunk=None, softcap=0.0, rotary_interleaved=True,
     num_splits=0, only_qv=False, sinks=None, out=None, ver=3, return_softmax_lse=False,
+    value_checks=True,
 ) -> KVCacheCall:
     """Validate a ``flash_attn_with_kvcache`` call and resolve its arguments.
 
     Raises ``ValueError`` (``TypeError`` for a wrong Python type) before anything is written.
-    See the module docstring for the order. Returns a :class:`KVCacheCall`.
+    See the module docstring for the order. Returns a :class:`KVCacheCall`. ``value_checks=False``
+    skips :func:`check_kvcache_values`: then no device value is read on the host, and the per-batch
+    lists of the result are None.
     """
     # ---- 0. sglang's version check (SGL-B), before everything else ------------------------------
     if not _is_three(ver):
@@ -479,21 +510,12 @@ def check_kvcache_args(
             raise ValueError("max_seqlen_q must be provided if cu_seqlens_q is provided")
         static_sq = _require_int("max_seqlen_q", max_seqlen_q)
         _require_ndim("q", q, 3, "(total_q, h, d) when cu_seqlens_q is given")
-        q_offsets = _require_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q.shape[0]")
-        batch = len(q_offsets) - 1
-        seqlens_q = [b - a for a, b in zip(q_offsets, q_offsets[1:])]
-        q_starts = q_offsets[:-1]
-        if max(seqlens_q, default=0) > static_sq:
-            raise ValueError(
-                f"max_seqlen_q={max_seqlen_q} is smaller than the longest sequence in "
-                f"cu_seqlens_q ({max(seqlens_q)})"
-            )
+        _require_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q.shape[0]", value_checks)
+        batch = cu_seqlens_q.shape[0] - 1
     else:
         _require_ndim("q", q, 4, "(batch, seqlen_q, h, d)")
         batch = q.shape[0]
         static_sq = q.shape[1]
-        seqlens_q = [q.shape[1]] * batch
-        q_starts = [0] * batch
     num_heads, head_dim = q.shape[-2], q.shape[-1]
 
     # Caches: (batch_cache, seqlen_cache, h_k, d|dv), or paged (num_pages, P, h_k, d|dv).
@@ -530,16 +552,13 @@ def check_kvcache_args(
             raise ValueError(
                 f"without cache_batch_idx, the batch size of q ({batch}) must equal {what} ({batch_k})"
             )
-        cache_rows = list(range(batch))
     else:
         _require_tensor("cache_batch_idx", cache_batch_idx)
         if cache_batch_idx.dim() == 1 and cache_batch_idx.shape[0] > batch:
             cache_batch_idx = cache_batch_idx[:batch]
-        cache_rows = _optional_int32_vector("cache_batch_idx", cache_batch_idx, batch, device)
-        _require_index_range("cache_batch_idx", cache_rows, 0, batch_k)
+        _require_int32_vector("cache_batch_idx", cache_batch_idx, batch, device)
 
     # New keys/values. FA3 ignores v and cu_seqlens_k_new when k is not given.
-    new_lens, new_starts = [0] * batch, [0] * batch
     if k is not None:
         if v is None:
             raise ValueError("k and v must be given together (new keys and values to append), got only one")
@@ -558,14 +577,10 @@ def check_kvcache_args(
         if cu_seqlens_k_new is not None:
             _require_tensor("cu_seqlens_k_new", cu_seqlens_k_new)
             _require_device("cu_seqlens_k_new", cu_seqlens_k_new, device)
-            k_offsets = _require_cu_seqlens("cu_seqlens_k_new", cu_seqlens_k_new, k.shape[0], "k.shape[0]")
+            _require_cu_seqlens("cu_seqlens_k_new", cu_seqlens_k_new, k.shape[0], "k.shape[0]", value_checks)
             _require_shape("cu_seqlens_k_new", cu_seqlens_k_new, (batch + 1,), "(batch + 1,)")
-            new_lens = [b - a for a, b in zip(k_offsets, k_offsets[1:])]
-            new_starts = k_offsets[:-1]
-        else:
-            new_lens = [k.shape[1]] * batch
     else:
-        v = None
+        v, cu_seqlens_k_new = None, None
 
     # Cache lengths and left padding.
     if isinstance(cache_seqlens, int):
@@ -574,44 +589,9 @@ def check_kvcache_args(
                 "cache_seqlens must be a (batch,) int32 tensor when cu_seqlens_q is given: sglang "
                 "expands an int to q.shape[0] entries, which is total_q, not the batch size"
             )
-        seqlens_c = [int(cache_seqlens)] * batch
-    elif cache_seqlens is None:
-        seqlens_c = [capacity] * batch
-    else:
-        seqlens_c = _optional_int32_vector("cache_seqlens", cache_seqlens, batch, device)
-    leftpads = _optional_int32_vector("cache_leftpad", cache_leftpad, batch, device) or [0] * batch
-    for i in range(batch):
-        if not 0 <= leftpads[i] <= seqlens_c[i]:
-            raise ValueError(
-                f"batch entry {i}: need 0 <= cache_leftpad <= cache_seqlens, got "
-                f"cache_leftpad={leftpads[i]}, cache_seqlens={seqlens_c[i]}"
-            )
-        if seqlens_c[i] + new_lens[i] > capacity:
-            raise ValueError(
-                f"batch entry {i}: cache_seqlens ({seqlens_c[i]}) + new tokens ({new_lens[i]}) "
-                f"exceeds the cache capacity ({capacity} tokens per sequence)"
-            )
-    seqlens_k = [c + n - lp for c, n, lp in zip(seqlens_c, new_lens, leftpads)]
-
-    # Pages actually touched must exist; writes must not collide.
-    if page_table is not None:
-        rows = page_table.tolist()
-        used = [p for i in range(batch)
-                for p in rows[cache_rows[i]][: -(-(seqlens_c[i] + new_lens[i]) // page_size)]]
-        _require_index_range("page_table", used, 0, k_cache.shape[0])
-    appending = k is not None and sum(new_lens) > 0
-    if appending:
-        # Two batch entries writing one cache slot would leave "any of the duplicates" (FA3 docs).
-        written = torch.cat([
-            flat_slot_index(k_cache, cache_rows[i], torch.arange(seqlens_c[i], seqlens_c[i] + new_lens[i]),
-                            page_table.cpu() if page_table is not None else None)
-            for i in range(batch)
-        ])
-        if written.unique().numel() != written.numel():
-            raise ValueError(
-                "two batch entries would write the same cache slot (duplicate cache_batch_idx "
-                "rows or shared pages among the appended positions)"
-            )
+    elif cache_seqlens is not None:
+        _require_int32_vector("cache_seqlens", cache_seqlens, batch, device)
+    _require_int32_vector("cache_leftpad", cache_leftpad, batch, device)
 
     # qv (MLA): (b, sq, h, dv) or (total_q, h, dv).
     if qv is not None:
@@ -635,16 +615,13 @@ def check_kvcache_args(
     chunk = _chunk_size(attention_chunk)
     # Rotary positions of q: P0 + i in causal/local mode, else every row at P0 (FA3's FixedPosition).
     q_fixed = not (causal or chunk > 0 or left >= 0 or right >= 0)
-    # Same masks with bounded numbers (the kernels take int32): a right side beyond the longest query
-    # sequence, or a chunk beyond both the capacity and that length, changes nothing any more.
-    longest_q = max(seqlens_q, default=0)
-    right = -1 if right > longest_q else right
-    chunk = min(chunk, max(capacity, longest_q, 1))
+    # Same chunk with a bounded number (the kernels take int32): a chunk beyond both the capacity and
+    # the static query length changes nothing any more.
+    chunk = min(chunk, max(capacity, static_sq, 1))
 
     # Rotary embedding of the new keys (and of q). FA3 ignores rotary_sin and rotary_seqlens
     # without rotary_cos.
     rotary_dim = 0
-    rotary_starts = seqlens_c
     if rotary_cos is not None:
         if rotary_sin is None:
             raise ValueError("rotary_cos and rotary_sin must be given together, got only one")
@@ -671,20 +648,9 @@ def check_kvcache_args(
                 f"with page_table, rotary_cos must have at least max_pages_per_seq * page_size = "
                 f"{capacity} rows, got {rotary_cos.shape[0]}"
             )
-        rotary_starts = _optional_int32_vector("rotary_seqlens", rotary_seqlens, batch, device) or seqlens_c
-        for i in range(batch):
-            # Table rows read: P0 .. P0 + N - 1 for the keys, P0 (.. P0 + sq - 1) for the queries.
-            q_rows = 0 if only_qv or seqlens_q[i] == 0 else 1 if q_fixed else seqlens_q[i]
-            if max(new_lens[i], q_rows) == 0:
-                continue
-            if rotary_starts[i] < 0:  # would wrap to the table's last rows (PyTorch) or read before it
-                _require_index_range("rotary_seqlens", [rotary_starts[i]], 0, rotary_cos.shape[0])
-            last_key, last_q = rotary_starts[i] + new_lens[i], rotary_starts[i] + q_rows
-            if max(last_key, last_q) > rotary_cos.shape[0]:
-                raise ValueError(
-                    f"batch entry {i}: rotary positions up to {max(last_key, last_q) - 1} are "
-                    f"needed, but rotary_cos has only {rotary_cos.shape[0]} rows"
-                )
+        _require_int32_vector("rotary_seqlens", rotary_seqlens, batch, device)
+    else:
+        rotary_seqlens = None
 
     # FP8 descale factors: (b, h_k) float32, used only with fp8 inputs (FA3 ignores them otherwise).
     descales = (q_descale, k_descale, v_descale) if q.dtype == torch.float8_e4m3fn else (None, None, None)
@@ -708,9 +674,6 @@ def check_kvcache_args(
     softcap = _require_real("softcap", softcap)
     softcap = 0.0 if math.isnan(softcap) or softcap <= 0 else softcap
     _require_float32_finite("softcap", softcap)
-    if softcap == 0 and abs(softmax_scale) > LARGE_SCALE:
-        _require_finite_logits(softmax_scale, q, k_cache, v_cache, k, v, qv, only_qv, rotary_cos is not None,
-                               (q_descale, k_descale) if q.dtype == torch.float8_e4m3fn else ())
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits > MAX_NUM_SPLITS:
         raise ValueError(
             f"num_splits must be an int <= {MAX_NUM_SPLITS} (<= 0 = heuristic, 1 = no split), "
@@ -724,34 +687,31 @@ def check_kvcache_args(
         _require_shape("out", out, (*q.shape[:-1], head_dim_v), "(q's shape with v's head dim)")
         _require_contiguous_last_dim("out", out)
 
-    # Memory the call writes: the appended cache slots, and out.
+    # Memory the call writes: the appended cache slots (whose addresses need the value checks), and out.
     arguments = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos,
                      rotary_sin=rotary_sin, sinks=sinks, q_descale=q_descale, k_descale=k_descale,
                      v_descale=v_descale, out=out)
-    starts = {name: _storage_start(x) for name, x in arguments.items() if isinstance(x, torch.Tensor)}
-    if appending:
-        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-            _require_writable(name, cache)
-            offsets = lambda cache=cache: _cache_write_offsets(  # noqa: E731
-                cache, page_table, cache_rows, seqlens_c, new_lens)
-            _require_unshared(name, offsets, arguments, starts)
+    if k is not None and k.shape[:-2].numel() > 0:  # appending (KVCacheCall.appending)
+        for name in ("k_cache", "v_cache"):
+            _require_writable(name, arguments[name])
     if out is not None:
         _require_writable("out", out)
-        _require_unshared("out", lambda: _all_offsets(out), arguments, starts)
+        _require_unshared("out", lambda: _all_offsets(out), arguments, _storage_starts(arguments))
 
     # FA3 skips the kernel when q's batch x k_cache.shape[1] + new tokens == 0 ("zero-length KV":
     # out 0, lse +inf). With a page table shape[1] is the page size (>= 1), so paged KV is never empty.
     total_new = k.shape[:-2].numel() if k is not None else 0
-    return KVCacheCall(
+    table = batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_seqlens_k_new,
+                        cache_seqlens, capacity, cache_leftpad, rotary_seqlens)
+    call = KVCacheCall(
         q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv,
         rotary_cos=rotary_cos, rotary_sin=rotary_sin if rotary_cos is not None else None,
         page_table=page_table,
         sinks=sinks, out=out, **dict(zip(("q_descale", "k_descale", "v_descale"), descales)),
         batch_size=batch, num_heads=num_heads, num_heads_k=num_heads_k,
         head_dim=head_dim, head_dim_v=head_dim_v, varlen_q=varlen_q,
-        seqlens_q=seqlens_q, q_starts=q_starts, cache_rows=cache_rows, cache_seqlens=seqlens_c,
-        leftpads=leftpads, new_lens=new_lens, new_starts=new_starts, seqlens_k=seqlens_k,
-        rotary_starts=rotary_starts, page_size=page_size, capacity=capacity,
+        seqlen_q_bound=min(max(static_sq, 0), q.shape[0]) if varlen_q else static_sq,
+        batch=table, page_size=page_size, capacity=capacity,
         softmax_scale=softmax_scale, causal=causal, window_size=(left, right),
         attention_chunk=chunk, softcap=_float32(softcap),
         rotary_interleaved=_flag("rotary_interleaved", rotary_interleaved),
@@ -759,6 +719,135 @@ def check_kvcache_args(
         return_softmax_lse=_flag("return_softmax_lse", return_softmax_lse, none_is_false=True),
         num_splits=max(int(num_splits), 0), empty_kv=k_cache.shape[1] == 0 and total_new == 0,
     )
+    if not value_checks:
+        return call
+    return check_kvcache_values(call, arguments, max_seqlen_q, batch_k)
+
+
+def batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_seqlens_k_new,
+                cache_seqlens, capacity, cache_leftpad, rotary_seqlens) -> torch.Tensor:
+    """The per-batch values of a call, ``(9, b)`` int64 on ``device`` in :data:`BATCH_FIELDS` order,
+    from its (statically checked) arguments with torch ops only: no value is read on the host.
+
+    ``Sq_i`` and the q starts from ``cu_seqlens_q`` (else ``sq``, 0); cache rows from
+    ``cache_batch_idx`` (else ``i``); ``N_i`` and the new starts from ``cu_seqlens_k_new`` (else
+    ``k.shape[1]``, 0; no ``k``: 0); ``C_i`` from ``cache_seqlens`` (an int: every entry; None: the
+    capacity); ``L_i`` from ``cache_leftpad`` (else 0); ``Sk_i = C_i + N_i - L_i``; ``P0_i`` from
+    ``rotary_seqlens`` (else ``C_i``)."""
+    zeros = torch.zeros(batch, dtype=torch.int64, device=device)
+
+    def per_batch(x, default: int) -> torch.Tensor:  # (b,) int64: x, or default in every entry
+        if isinstance(x, torch.Tensor):
+            return x.to(torch.int64)
+        if default == 0:
+            return zeros
+        value = min(max(default, -INT64_MAX - 1), INT64_MAX)  # an absurd int cache_seqlens fails later
+        return torch.full((batch,), value, dtype=torch.int64, device=device)
+
+    def lengths(cu, length: int):  # (lens, starts) of each entry, from offsets or a fixed length
+        if cu is None:
+            return per_batch(None, length), zeros
+        cu = cu.to(torch.int64)
+        return cu[1:] - cu[:-1], cu[:-1]
+
+    seqlens_q, q_starts = lengths(cu_seqlens_q, static_sq)
+    new_lens, new_starts = lengths(cu_seqlens_k_new, k.shape[1] if k is not None and k.dim() == 4 else 0)
+    if cache_batch_idx is None:
+        cache_rows = torch.arange(batch, dtype=torch.int64, device=device)
+    else:
+        cache_rows = per_batch(cache_batch_idx, 0)
+    if isinstance(cache_seqlens, torch.Tensor):
+        ends = per_batch(cache_seqlens, 0)
+    else:
+        ends = per_batch(None, capacity if cache_seqlens is None else cache_seqlens)
+    leftpads = per_batch(cache_leftpad, 0)
+    rotary_starts = per_batch(rotary_seqlens, 0) if rotary_seqlens is not None else ends
+    return torch.stack([seqlens_q, q_starts, cache_rows, leftpads, ends + new_lens - leftpads, new_lens,
+                        new_starts, ends, rotary_starts])
+
+
+def check_kvcache_values(call: KVCacheCall, arguments: dict, max_seqlen_q, batch_k: int) -> KVCacheCall:
+    """The value checks of a statically checked call (module docstring, 2b), in this order; they read
+    the index tensors (and, with a huge ``softmax_scale``, the data) back to the host. Returns
+    ``call`` with its per-batch lists filled from ``call.batch``.
+
+    ``arguments``: the tensor arguments by name, as given (for the memory-sharing check of the
+    appended cache slots); ``max_seqlen_q``: as given; ``batch_k``: the cache rows (or page-table
+    rows) there are.
+    """
+    q, k_cache, k, page_table, capacity = call.q, call.k_cache, call.k, call.page_table, call.capacity
+    lists = dict(zip(BATCH_FIELDS, call.batch.tolist()))
+    seqlens_q, cache_rows, new_lens = lists["seqlens_q"], lists["cache_rows"], lists["new_lens"]
+    seqlens_c, leftpads, rotary_starts = lists["cache_seqlens"], lists["leftpads"], lists["rotary_starts"]
+    if call.varlen_q and max(seqlens_q, default=0) > call.seqlen_q_bound:
+        raise ValueError(
+            f"max_seqlen_q={max_seqlen_q} is smaller than the longest sequence in "
+            f"cu_seqlens_q ({max(seqlens_q)})"
+        )
+    _require_index_range("cache_batch_idx", cache_rows, 0, batch_k)
+
+    # Cache lengths and left padding.
+    for i in range(call.batch_size):
+        if not 0 <= leftpads[i] <= seqlens_c[i]:
+            raise ValueError(
+                f"batch entry {i}: need 0 <= cache_leftpad <= cache_seqlens, got "
+                f"cache_leftpad={leftpads[i]}, cache_seqlens={seqlens_c[i]}"
+            )
+        if seqlens_c[i] + new_lens[i] > capacity:
+            raise ValueError(
+                f"batch entry {i}: cache_seqlens ({seqlens_c[i]}) + new tokens ({new_lens[i]}) "
+                f"exceeds the cache capacity ({capacity} tokens per sequence)"
+            )
+
+    # Pages actually touched must exist; writes must not collide.
+    if page_table is not None:
+        rows = page_table.tolist()
+        used = [p for i in range(call.batch_size)
+                for p in rows[cache_rows[i]][: -(-(seqlens_c[i] + new_lens[i]) // call.page_size)]]
+        _require_index_range("page_table", used, 0, k_cache.shape[0])
+    if call.appending:
+        # Two batch entries writing one cache slot would leave "any of the duplicates" (FA3 docs).
+        written = torch.cat([
+            flat_slot_index(k_cache, cache_rows[i], torch.arange(seqlens_c[i], seqlens_c[i] + new_lens[i]),
+                            page_table.cpu() if page_table is not None else None)
+            for i in range(call.batch_size)
+        ])
+        if written.unique().numel() != written.numel():
+            raise ValueError(
+                "two batch entries would write the same cache slot (duplicate cache_batch_idx "
+                "rows or shared pages among the appended positions)"
+            )
+
+    # Rotary table rows read: P0 .. P0 + N - 1 for the keys, P0 (.. P0 + sq - 1) for the queries.
+    rotary_cos = call.rotary_cos
+    if rotary_cos is not None:
+        for i in range(call.batch_size):
+            q_rows = 0 if call.only_qv or seqlens_q[i] == 0 else 1 if call.rotary_q_fixed_position else seqlens_q[i]
+            if max(new_lens[i], q_rows) == 0:
+                continue
+            if rotary_starts[i] < 0:  # would wrap to the table's last rows (PyTorch) or read before it
+                _require_index_range("rotary_seqlens", [rotary_starts[i]], 0, rotary_cos.shape[0])
+            last_key, last_q = rotary_starts[i] + new_lens[i], rotary_starts[i] + q_rows
+            if max(last_key, last_q) > rotary_cos.shape[0]:
+                raise ValueError(
+                    f"batch entry {i}: rotary positions up to {max(last_key, last_q) - 1} are "
+                    f"needed, but rotary_cos has only {rotary_cos.shape[0]} rows"
+                )
+
+    if call.softcap == 0 and abs(call.softmax_scale) > LARGE_SCALE:
+        _require_finite_logits(call.softmax_scale, q, k_cache, call.v_cache, k, call.v, call.qv, call.only_qv,
+                               call.rotary_cos is not None, (call.q_descale, call.k_descale) if call.is_fp8 else ())
+
+    # The appended cache slots must not be memory of another argument.
+    if call.appending:
+        starts = _storage_starts(arguments)
+        for name in ("k_cache", "v_cache"):
+            offsets = lambda cache=arguments[name]: _cache_write_offsets(  # noqa: E731
+                cache, page_table, cache_rows, seqlens_c, new_lens)
+            _require_unshared(name, offsets, arguments, starts)
+    for name, values in lists.items():  # (call is this validation's own object)
+        setattr(call, name, values)
+    return call
 
 
 def _require_finite_logits(scale, q, k_cache, v_cache, k, v, qv, only_qv, rotary, descales) -> None:

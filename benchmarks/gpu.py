@@ -7,11 +7,16 @@ Figures (counts in :mod:`benchmarks.problems`; TB = 1e12):
 * **prefill**: ``flops / time`` in TFLOP/s; target >= 0.8x SDPA's flash backend at 8k causal.
 * **combine**: ``kernels.merge_attention_states`` bandwidth, next to the PyTorch reference
   ``attn_ref.merge_attention_states`` run eagerly on the same GPU.
+* **graph**: one decode step (a new token appended per sequence, then attention) at batch 1/8/64 and
+  1k/8k context: the public call captured in a CUDA graph and replayed (``kernels``; first checked:
+  three replays with new tokens and moved ``cache_seqlens`` match eager calls exactly), against
+  the eager call with its value checks (``kernels_api``, the baseline) and without
+  (``kernels_unchecked``, inside ``kernels.no_host_checks()``).
 
-Providers see the same logical problem. ``kernels`` times the device work of
-``kernels.flash_attn_with_kvcache`` (its launches, as a CUDA graph captures them in a serving engine);
-``kernels_api`` the public call as a user makes it, whose validation reads the page table and the
-lengths on the host (a device sync, so it cannot be graph-captured). Both, and FA3 (same API), read the
+Providers see the same logical problem. ``kernels`` is the public call ``kernels.flash_attn_with_kvcache``
+captured in a CUDA graph, as a serving engine runs it (under capture its value checks, which read
+index tensors on the host, are off: :mod:`kernels.host_checks`); ``kernels_api`` the same call made
+eagerly with the value checks on (a device-to-host sync per call, host work timed). Both, and FA3 (same API), read the
 shuffled paged cache; SDPA reads K/V gathered into dense ``(b, h_k, sk, d)`` tensors ahead of time
 (``enable_gqa=True``; dense ``(b, h, sk, d)`` copies with the KV heads repeated if that backend
 refuses GQA; each provider's ``setup`` says which), with ``is_causal`` for prefill (``sq == sk``, so
@@ -51,8 +56,11 @@ PREFILL_SPEED_TARGET = 0.8  # kernels throughput / SDPA flash throughput at 8k c
 #: Vendor datasheet HBM bandwidth, shown next to the measured copy bandwidth (H200 SXM: 4.8 TB/s).
 DATASHEET_HBM_BYTES_PER_S = {"H200": 4.8e12}
 
-#: Providers timed eagerly: their call synchronises with the host, so a CUDA graph cannot capture it.
-EAGER_PROVIDERS = {"kernels_api"}
+#: Providers timed eagerly (host work included): ``kernels_api`` synchronises with the host (its value
+#: checks), so a CUDA graph cannot capture it; ``kernels_unchecked`` is the eager call without them.
+EAGER_PROVIDERS = {"kernels_api", "kernels_unchecked"}
+#: Replays of a captured decode step checked against eager calls before the graph suite times it.
+REPLAY_CHECKS = 3
 
 Timer = Callable[[Callable[[], object], bool], dict]  # (call, capture in a CUDA graph?) -> timing
 
@@ -67,6 +75,13 @@ def problems(quick: bool) -> list[Problem]:
     targets_first = [decode(8, 8192), decode(4, 32768), prefill(1, 8192)]  # measured first: a time
     others = [decode(16, 8192), decode(1, 65536), decode(8, 1024)]  # limit that stops the run keeps them
     return targets_first + others + [prefill(1, 2048), prefill(1, 4096), prefill(1, 16384)]
+
+
+def graph_problems(quick: bool) -> list[Problem]:
+    """Decode steps of the graph suite: batch 1 / 8 / 64 at 1k and 8k context."""
+    if quick:
+        return [decode(8, 1024)]
+    return [decode(batch, context) for context in (1024, 8192) for batch in (1, 8, 64)]
 
 
 def combine_shapes(quick: bool) -> list[tuple[int, int, int]]:
@@ -89,6 +104,14 @@ def cuda_time(fn: Callable[[], object], capture: bool = True) -> dict:
     ms = triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
     return {"time_s": ms * 1e-3, "method": "eager call (not graph-capturable): do_bench median, host work "
                                            "included, cold L2"}
+
+
+def cuda_graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` captured in a CUDA graph: its replay (raises if the capture is refused)."""
+    graph = _capture(fn)
+    if graph is None:
+        raise RuntimeError("the call could not be captured in a CUDA graph")
+    return graph.replay
 
 
 def _capture(fn: Callable[[], object]) -> Optional[torch.cuda.CUDAGraph]:
@@ -139,8 +162,8 @@ Builder = Callable[[], tuple[Callable[[], torch.Tensor], str]]
 def attention_builders(problem: Problem, inputs) -> dict[str, Builder]:
     """Providers of a decode / prefill case, each call returning ``out (b, sq, h, d)``."""
     builders = {
-        "kernels": lambda: kernels_device_call(inputs),
-        "kernels_api": lambda: kernels_api_call(inputs),
+        "kernels": lambda: kernels_call(inputs.kwargs()),
+        "kernels_api": lambda: kernels_api_call(inputs.kwargs()),
         BASELINE: lambda: sdpa_flash_call(problem, inputs),
     }
     if _installed("flash_attn_interface") or _installed("flash_attn"):
@@ -156,27 +179,87 @@ def _installed(module: str) -> bool:
     return True
 
 
-def kernels_device_call(inputs) -> tuple[Callable[[], torch.Tensor], str]:
-    """The device work of ``kernels.flash_attn_with_kvcache``: the host part (validation, which reads
-    the page table and lengths on the host, and the per-batch metadata upload) runs once here; the
-    timed call is ``kernels.kvcache.attend``, the attention launch (+ the split combine), which a CUDA
-    graph can capture as a serving engine would."""
-    import kernels
-    from kernels.kvcache import attend, batch_metadata
-
-    call = attn_ref.check_kvcache_args(**inputs.kwargs())
-    meta = batch_metadata(call)
-    accum = kernels.flash_attn_with_kvcache(**inputs.kwargs(), return_softmax_lse=True)[2]
-    splits = 1 if accum is None else accum.shape[0]
-    return (lambda: attend(call, meta)[0]), f"kernels.kvcache.attend, num_splits=0 chose {splits}"
-
-
-def kernels_api_call(inputs) -> tuple[Callable[[], torch.Tensor], str]:
-    """``kernels.flash_attn_with_kvcache`` as a user calls it: host validation included."""
+def kernels_call(kwargs: dict) -> tuple[Callable[[], torch.Tensor], str]:
+    """``kernels.flash_attn_with_kvcache(**kwargs)``, the public call; the timer captures it in a CUDA
+    graph (value checks off under capture)."""
     import kernels
 
     fn = kernels.flash_attn_with_kvcache
-    return (lambda: fn(**inputs.kwargs())), "public call, host validation included"
+    accum = fn(**kwargs, return_softmax_lse=True)[2]
+    splits = 1 if accum is None else accum.shape[0]
+    return (lambda: fn(**kwargs)), f"public call in a CUDA graph, num_splits=0 chose {splits}"
+
+
+def kernels_api_call(kwargs: dict) -> tuple[Callable[[], torch.Tensor], str]:
+    """The public call made eagerly, value checks on (they read index tensors: a host sync)."""
+    import kernels
+
+    fn = kernels.flash_attn_with_kvcache
+    return (lambda: fn(**kwargs)), "public call, eager, value checks on (host sync)"
+
+
+def kernels_unchecked_call(kwargs: dict) -> tuple[Callable[[], torch.Tensor], str]:
+    """The public call made eagerly inside ``kernels.no_host_checks()``: no host read, host work timed."""
+    import kernels
+
+    fn = kernels.flash_attn_with_kvcache
+
+    def call():
+        with kernels.no_host_checks():
+            return fn(**kwargs)
+
+    return call, "public call, eager, inside kernels.no_host_checks()"
+
+
+def decode_step(inputs) -> dict:
+    """Arguments of one decode step on ``inputs``: one new k/v token per sequence appended at
+    ``cache_seqlens - 1``, so the step attends to the problem's ``seqlen_k`` keys."""
+    q = inputs.q
+    gen = torch.Generator(device=q.device).manual_seed(1)
+    shape = (q.shape[0], 1, inputs.k_cache.shape[2], q.shape[3])
+    k, v = (torch.randn(shape, generator=gen, device=q.device, dtype=q.dtype) for _ in range(2))
+    return dict(inputs.kwargs(), k=k, v=v, cache_seqlens=inputs.cache_seqlens - 1)
+
+
+def replay_difference(step: dict, capture: Callable, steps: int = REPLAY_CHECKS) -> float:
+    """Capture the public call on copies of ``step``'s tensors (``capture(fn)`` returns the replay),
+    then ``steps`` times: new q / k / v and ``cache_seqlens`` (moved by a different amount per
+    sequence) written into the captured tensors, one replay, and the eager call (value checks on) on
+    a second copy of the caches. Returns the largest ``|out|`` difference (0 expected); raises if the
+    caches differ. Needs ``cache_seqlens >= steps + 2``."""
+    import kernels
+
+    args = {name: x.clone() if isinstance(x, torch.Tensor) else x for name, x in step.items()}
+    args["out"] = torch.empty_like(args["q"])  # the graph's output tensor
+    eager = dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone(), out=None)
+    replay = capture(lambda: kernels.flash_attn_with_kvcache(**args))
+    for name in ("k_cache", "v_cache"):  # undo the warm-up call's append
+        args[name].copy_(eager[name])
+    q, device = args["q"], args["q"].device
+    gen = torch.Generator(device=device).manual_seed(2)
+    offsets = torch.arange(q.shape[0], device=device) % 3
+    worst = 0.0
+    for i in range(steps):
+        for name in ("q", "k", "v"):
+            args[name].copy_(torch.randn(args[name].shape, generator=gen, device=device, dtype=q.dtype))
+        args["cache_seqlens"].copy_(step["cache_seqlens"] - steps + i - offsets)
+        replay()
+        expected = kernels.flash_attn_with_kvcache(**dict(eager, **{name: args[name].clone() for name in (
+            "q", "k", "v", "cache_seqlens")}))
+        worst = max(worst, (args["out"].float() - expected.float()).abs().max().item())
+        if not all(torch.equal(args[name], eager[name]) for name in ("k_cache", "v_cache")):
+            raise AssertionError(f"replay {i}: the cache differs from the eager call's")
+    return worst
+
+
+def kernels_graph_call(step: dict, capture: Callable) -> tuple[Callable[[], torch.Tensor], str]:
+    """The graph suite's ``kernels``: :func:`replay_difference` must be 0, then the public call (timed
+    as the timer captures it in a CUDA graph)."""
+    worst = replay_difference(step, capture)
+    if worst != 0:
+        raise AssertionError(f"CUDA graph replays differ from eager calls by up to {worst}")
+    fn, setup = kernels_call(step)
+    return fn, f"{setup}; {REPLAY_CHECKS} replays with new tokens and cache_seqlens = eager calls, exactly"
 
 
 def sdpa_flash_call(problem: Problem, inputs) -> tuple[Callable[[], torch.Tensor], str]:
@@ -248,6 +331,24 @@ def measure_attention(problem: Problem, timer: Timer, ceilings: dict, device: st
                  providers, ceilings)
 
 
+def measure_graph_step(problem: Problem, timer: Timer, ceilings: dict, device: str = "cuda",
+                       capture: Callable = cuda_graph_replay) -> dict:
+    """One graph-suite case: a decode step (:func:`decode_step`) replayed from a CUDA graph
+    (``kernels``, after :func:`replay_difference`), eager with value checks (``kernels_api``, the
+    baseline) and eager without (``kernels_unchecked``)."""
+    step = decode_step(make_inputs(problem, device))
+    reference = attn_ref.flash_attn_with_kvcache(**step).float()  # writes the same new token as the calls
+    builders = {
+        "kernels": lambda: kernels_graph_call(step, capture),
+        "kernels_api": lambda: kernels_api_call(step),
+        "kernels_unchecked": lambda: kernels_unchecked_call(step),
+    }
+    providers = {name: _measured(name, build, reference, problem.bytes_moved(), problem.flops(), timer, ceilings)
+                 for name, build in builders.items()}
+    return _case("graph", problem.label, problem.shape(), problem.bytes_moved(), problem.flops(), providers,
+                 ceilings, baseline="kernels_api")
+
+
 def measure_combine(rows: int, heads: int, dv: int, timer: Timer, ceilings: dict, device: str = "cuda") -> dict:
     """``(out_a, lse_a) ⊕ (out_b, lse_b)`` of fp32 states ``out (rows, heads, dv)``, ``lse (rows, heads)``.
 
@@ -309,6 +410,13 @@ def run(quick: bool, ceilings: dict, timer: Timer = cuda_time, device: str = "cu
                         failed, ceilings)
         if not quick:
             time.sleep(1)  # let clocks and power settle between cases (FA's benchmark habit)
+    for problem in graph_problems(quick):
+        try:
+            yield measure_graph_step(problem, timer, ceilings, device)
+        except Exception as exc:  # noqa: BLE001  (as above)
+            failed = {"setup": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
+            yield _case("graph", problem.label, problem.shape(), problem.bytes_moved(), problem.flops(), failed,
+                        ceilings, baseline="kernels_api")
     for shape in combine_shapes(quick):
         yield measure_combine(*shape, timer, ceilings, device)
 

@@ -11,7 +11,9 @@ For batch entry ``i`` with ``N_i`` new tokens starting at absolute cache positio
 kernel serves contiguous and paged caches. Without rotary the values are copied bit for bit (no
 conversion); with rotary the rotation runs in fp32 and is rounded once into the cache dtype.
 
-Grid: ``(cdiv(max N_i, BLOCK_T), b, h_k)``; a program moves ``BLOCK_T`` tokens of one KV head.
+Grid: ``(cdiv(T, BLOCK_T), b, h_k)``, ``T`` being k's token axis (``s_new``, or ``total_new`` when
+packed: a static bound on every ``N_i``; programs past ``N_i`` exit); a program moves ``BLOCK_T``
+tokens of one KV head.
 Mirrors :func:`attn_ref.kvcache.append_kv` with :mod:`attn_ref.paged` and :mod:`attn_ref.rotary`.
 """
 
@@ -99,7 +101,7 @@ def plan_append(call: KVCacheCall, meta: dict) -> Launch | None:
 
     ``meta`` holds the per-batch int32 tensors built by :func:`kernels.kvcache.batch_metadata`.
     """
-    if call.k is None or sum(call.new_lens) == 0:
+    if not call.appending:
         return None
     k, v, kc, vc = call.k, call.v, call.k_cache, call.v_cache
     packed = k.dim() == 3  # (total_new, h_k, dim) with cu_seqlens_k_new
@@ -126,6 +128,7 @@ def plan_append(call: KVCacheCall, meta: dict) -> Launch | None:
         INTERLEAVED=rotary and call.rotary_interleaved,
         ROUND_TO=explicit_rounding(kc.dtype) if rotary else "none",
     )
-    grid = (triton.cdiv(max(call.new_lens), block_t), call.batch_size, call.num_heads_k)
+    # Token blocks from k's token axis (a static bound on every N_i; programs past N_i exit at once).
+    grid = (triton.cdiv(k.shape[0] if packed else k.shape[1], block_t), call.batch_size, call.num_heads_k)
     return Launch(_append_kv_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
                   dummy_device=kc.device)

@@ -16,7 +16,8 @@ when the call is neither causal nor local) and split into 16-bit parts ``q = hi 
 **Tiling.** One program owns one KV head of one batch entry and ``ROWS = BLOCK_M // G`` query rows;
 its M tile packs the ``G`` query heads that share the KV head (pack-GQA), tile entry ``m`` being
 row ``m // G``, head ``g·G + m % G``. K/V blocks of ``BLOCK_N`` keys are therefore read once for all
-``G`` heads. Grid: ``(cdiv(max Sq_b, ROWS), b · h_k, num_splits)``.
+``G`` heads. Grid: ``(cdiv(sq, ROWS), b · h_k, num_splits)`` (varlen: ``max_seqlen_q`` for ``sq``, a
+static bound; programs past ``Sq_b`` rows exit at once).
 
 **Online softmax** in fp32 and base 2: logits are kept as ``t = ℓ · log2(e)``, with a running max
 ``m``, sum ``l = Σ 2^{t - m}`` and ``acc = Σ 2^{t - m} V``. A block rescales by ``2^{m_old - m_new}``;
@@ -339,7 +340,7 @@ def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_s
     q, qv, kc, vc = call.q, call.qv, call.k_cache, call.v_cache
     g = call.num_heads // call.num_heads_k
     rows_per_tile = tiles.block_m // g
-    m_blocks = triton.cdiv(max(call.seqlens_q), rows_per_tile)
+    m_blocks = triton.cdiv(call.seqlen_q_bound, rows_per_tile)  # a static bound: programs past Sq_b exit
     packed = call.varlen_q
     fp8_descale = call.is_fp8 and any(x is not None for x in (call.q_descale, call.k_descale, call.v_descale))
     descales = [_descale_or_ones(call, x) if fp8_descale else None

@@ -2,8 +2,10 @@
 
 The call runs the reference's steps (:mod:`attn_ref.kvcache`), each on a kernel:
 
-1. :func:`attn_ref.validation.check_kvcache_args` validates everything (same errors, same order as
-   the reference; nothing is launched or written if it raises);
+1. :func:`attn_ref.validation.check_kvcache_args` validates the call (same errors, same order as
+   the reference; nothing is launched or written if it raises). Its value checks, which read index
+   tensors back to the host, are skipped under CUDA graph capture or when asked
+   (:mod:`kernels.host_checks`); shape, dtype and device checks always run;
 2. :mod:`kernels.append` writes the new keys (rotated) and values into the cache, in place;
 3. :mod:`kernels.attention` computes every query row's attention over its valid keys, in
    ``num_splits`` key ranges (:func:`attn_ref.splits.split_bounds`) when ``n > 1``;
@@ -17,12 +19,18 @@ zero-length cache with nothing appended), and ``out_accum`` / ``softmax_lse_accu
 always takes one split, the kernels choose ``n`` with :func:`kernels.splits.choose_num_splits` and
 return the partials whenever that ``n`` is above 1.
 
-Per-batch lengths and offsets (the lists of :class:`attn_ref.validation.KVCacheCall`) reach the
-kernels as small int32 tensors (:func:`batch_metadata`), copied to the device once per call.
+**No host reads.** Per-batch lengths and offsets reach the kernels as ``(b,)`` int32 device tensors
+(:func:`batch_metadata`), computed on the device from the index arguments with torch ops
+(:func:`attn_ref.validation.batch_table`). The launches are sized from shapes and static bounds
+only, as FA3's are: query tiles from ``sq`` (varlen: ``max_seqlen_q``, at most ``total_q``), append
+blocks from ``k``'s token axis, the ``num_splits=0`` heuristic from the cache capacity (not the
+actual longest sequence); programs past a batch entry's rows, keys or new tokens exit at once. So
+without the value checks a call reads no device value on the host and can be captured in a CUDA
+graph (and replayed with new ``cache_seqlens``, page table and tokens in the same tensors).
 
 :func:`plan_kvcache` plans a validated call (the launches in order, and the result tensors they
 fill); :func:`attend` runs only the attention and combine of a call whose new tokens are already in
-the cache (what a serving engine would capture in a CUDA graph; used by the benchmarks).
+the cache.
 """
 
 from __future__ import annotations
@@ -32,18 +40,15 @@ from typing import Optional, Union
 
 import torch
 
-from attn_ref.validation import KVCacheCall, check_kvcache_args
+from attn_ref.validation import BATCH_FIELDS, KVCacheCall, check_kvcache_args
 from errors.notes import catalogued
 
 from .append import plan_append
 from .attention import plan_attention
+from .host_checks import value_checks_enabled
 from .launch import num_sms
 from .merge import plan_merge
 from .splits import attention_tiles, choose_num_splits
-
-#: Per-batch int32 fields of :class:`KVCacheCall` that the kernels read.
-METADATA_FIELDS = ("seqlens_q", "q_starts", "cache_rows", "leftpads", "seqlens_k", "new_lens",
-                   "new_starts", "cache_seqlens", "rotary_starts")
 
 
 @catalogued
@@ -91,13 +96,17 @@ def flash_attn_with_kvcache(
     (sglang's API). ``num_splits``: 0 lets :func:`kernels.splits.choose_num_splits` decide, 1 never
     splits, ``n > 1`` runs ``n`` splits. ``pack_gqa``, ``scheduler_metadata``, ``sm_margin``,
     ``score_mod`` and ``aux_tensors`` are accepted and ignored (the kernels always pack the
-    query heads of a KV head into one tile); ``ver`` must be 3, as in sglang.
+    query heads of a KV head into one tile); ``ver`` must be 3, as in sglang. Under CUDA graph
+    capture (or :func:`kernels.no_host_checks`, ``ATTN_REF_HOST_CHECKS=0``) the value checks are
+    skipped and nothing is read back to the host (:mod:`kernels.host_checks`).
     """
+    device = v_cache.device if isinstance(v_cache, torch.Tensor) else torch.device("cpu")
     call = check_kvcache_args(
         q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
         q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
         softcap, rotary_interleaved, num_splits, only_qv, sinks, out, ver, return_softmax_lse,
+        value_checks=value_checks_enabled(device),
     )
     with torch.no_grad():  # not differentiable, as the reference
         launches, (result, lse, out_accum, lse_accum) = plan_kvcache(call)
@@ -109,10 +118,9 @@ def flash_attn_with_kvcache(
 
 
 def batch_metadata(call: KVCacheCall) -> dict[str, torch.Tensor]:
-    """The per-batch lists of ``call`` as ``(b,)`` int32 tensors on the cache's device (one copy)."""
-    table = torch.tensor([getattr(call, name) for name in METADATA_FIELDS], dtype=torch.int32)
-    table = table.reshape(len(METADATA_FIELDS), call.batch_size).to(call.v_cache.device)
-    return dict(zip(METADATA_FIELDS, table))
+    """The per-batch values of ``call`` (:data:`attn_ref.validation.BATCH_FIELDS`) as ``(b,)`` int32
+    tensors on q's device, converted on the device from ``call.batch``."""
+    return dict(zip(BATCH_FIELDS, call.batch.to(torch.int32)))
 
 
 def plan_kvcache(call: KVCacheCall):
@@ -130,14 +138,14 @@ def plan_kvcache(call: KVCacheCall):
 
 def attend(call: KVCacheCall, meta: dict):
     """Run the attention (and split combine) of a validated call whose new tokens are already in the
-    cache: the device work after the append, which a CUDA graph can capture (the public call cannot:
-    its validation reads index tensors back to the host).
+    cache: the device work after the append, without validation (:func:`flash_attn_with_kvcache`
+    is itself capturable in a CUDA graph; this is its attention part alone).
 
     Example::
 
         call = attn_ref.check_kvcache_args(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
-        meta = batch_metadata(call)  # once, outside the graph
-        out, lse, out_accum, lse_accum = attend(call, meta)  # captured and replayed
+        meta = batch_metadata(call)
+        out, lse, out_accum, lse_accum = attend(call, meta)
 
     Args:
         call: a validated call (:func:`attn_ref.check_kvcache_args`), with no new tokens to append
@@ -157,8 +165,7 @@ def attend(call: KVCacheCall, meta: dict):
 def plan_attend(call: KVCacheCall, meta: dict):
     """Attention launches and their result tensors ``(out, lse, out_accum, lse_accum)`` (module docstring)."""
     h, dv, device, total_q = call.num_heads, call.head_dim_v, call.v_cache.device, call.total_q
-    tiles = attention_tiles(call.num_heads // call.num_heads_k, max(call.seqlens_q, default=0),
-                            call.head_dim, dv)
+    tiles = attention_tiles(call.num_heads // call.num_heads_k, call.seqlen_q_bound, call.head_dim, dv)
     no_work = call.empty_kv or h == 0  # (zero query heads: nothing to compute, G = 0)
     n = max(call.num_splits, 1) if no_work else call.num_splits or _heuristic_splits(call, tiles)
 
@@ -194,12 +201,12 @@ def plan_attend(call: KVCacheCall, meta: dict):
 
 
 def _heuristic_splits(call: KVCacheCall, tiles) -> int:
-    """``num_splits=0``: :func:`kernels.splits.choose_num_splits` for this call's unsplit grid."""
+    """``num_splits=0``: :func:`kernels.splits.choose_num_splits` for this call's unsplit grid, with
+    the cache capacity as the longest key range (a static bound: no host read)."""
     rows_per_tile = tiles.block_m // (call.num_heads // call.num_heads_k)
-    m_blocks = -(-max(call.seqlens_q, default=0) // rows_per_tile)
+    m_blocks = -(-call.seqlen_q_bound // rows_per_tile)
     programs = call.batch_size * call.num_heads_k * m_blocks
-    return choose_num_splits(programs, max(call.seqlens_k, default=0), tiles.block_n,
-                             num_sms(call.v_cache.device))
+    return choose_num_splits(programs, call.capacity, tiles.block_n, num_sms(call.v_cache.device))
 
 
 def _per_head_rows(call: KVCacheCall, out: torch.Tensor, lse: torch.Tensor):

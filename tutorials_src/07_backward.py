@@ -265,8 +265,8 @@ for name, mine, ref in zip(("dq", "dk", "dv"), ring, autograd_grads(q, k, v, dou
 # Ulysses' backward is the inverse all-to-all of the gradients (the adjoint of a permutation of data
 # between ranks is the inverse permutation). As in tutorial 5, the per-rank code must live in a
 # module the spawned ranks can import; the next cell writes it. Each rank takes its shard of one
-# global problem, calls the entry point and `out.backward(its rows of dO)`, and returns its
-# gradients.
+# global problem, calls the entry point, computes its part of the loss $\sum O \cdot dO$ (a fixed
+# random $dO$) and `loss.backward()`, and returns its gradients.
 
 # %%
 workers_dir = os.path.join(tempfile.gettempdir(), "attn_ref_backward_tutorial")
@@ -292,7 +292,8 @@ def ring_grads(q, k, v, dout, zigzag=False):
     q, k, v = (my_rows(x, zigzag).requires_grad_() for x in (q, k, v))
     ring_flash_attn_func = sp.zigzag_ring_flash_attn_func if zigzag else sp.ring_flash_attn_func
     out = ring_flash_attn_func(q, k, v, causal=True)
-    out.backward(my_rows(dout, zigzag))
+    loss = (out * my_rows(dout, zigzag)).sum()  # the single-device loss, this rank's rows of it
+    loss.backward()
     return q.grad, k.grad, v.grad
 
 
@@ -301,7 +302,8 @@ def ulysses_grads(q, k, v, dout):
     q, k, v = (my_rows(x).requires_grad_() for x in (q, k, v))
     attention = sp.UlyssesAttention(q.shape[2], q.shape[3], k.shape[2], causal=True)
     out, _ = attention(q, k, v)
-    out.backward(my_rows(dout))
+    loss = (out * my_rows(dout)).sum()
+    loss.backward()
     return q.grad, k.grad, v.grad
 
 
@@ -364,13 +366,16 @@ for entry_point in ("ring_flash_attn_func", "zigzag_ring_flash_attn_func", "Ulys
 # kernel's output) and only then adds it to an fp32 sum. Each of those roundings is about as large as
 # the final gradient's own rounding, and a row of $dQ$ or a block of $dK$ collects up to $R$ of them,
 # so the error grows with $R$. This package keeps every share in fp32 and rounds once, at the end.
+# (ring-flash-attention also returns $dQ$ as bf16 whatever the input dtype, so fp16 inputs get a
+# bf16 $dQ$; that is not modelled below.)
 #
 # Three measurements on the same global problem, causal, each against float64 autograd from the
 # same rounded inputs:
 #
 # * **this package, real ranks**: `ring_flash_attn_func` on $R$ = 1 (this process), 2 and 4 gloo ranks;
 # * **fp32 shares** and **rounded shares**: the one-process ring above with `block_dtype` fp32, and
-#   with the input dtype (what ring-flash-attention does), for $R$ = 1, 2, 4, 8.
+#   with the input dtype (ring-flash-attention's rounding; each share is still computed with this
+#   package's fp32 arithmetic, so only the rounding before the sum differs), for $R$ = 1, 2, 4, 8.
 
 # %%
 def mean_errors(grads, reference):

@@ -76,8 +76,8 @@ class KVCacheCall:
     """A validated ``flash_attn_with_kvcache`` call.
 
     Tensors are the caller's (``k_cache`` may be sglang's ``only_qv`` placeholder, ``q`` its dummy).
-    Per-batch values, one per batch entry ``i``, are the rows of ``batch`` (``(9, b)`` int64 on q's
-    device, in :data:`BATCH_FIELDS` order) and, once :func:`check_kvcache_values` has run, the lists
+    Per-batch values, one per batch entry ``i``, are the rows of ``batch`` (``(9, b)`` int32 on q's
+    device, in :data:`BATCH_FIELDS` order, :func:`batch_table`) and, once :func:`check_kvcache_values` has run, the lists
     of the same names (Python ints; ``None`` when the value checks were skipped):
 
     * ``seqlens_q[i]`` (``Sq_i``): query rows; ``q_starts[i]``: first row in varlen ``q`` (0 otherwise).
@@ -726,44 +726,52 @@ def check_kvcache_args(
 
 def batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_seqlens_k_new,
                 cache_seqlens, capacity, cache_leftpad, rotary_seqlens) -> torch.Tensor:
-    """The per-batch values of a call, ``(9, b)`` int64 on ``device`` in :data:`BATCH_FIELDS` order,
-    from its (statically checked) arguments with torch ops only: no value is read on the host.
+    """The per-batch values of a call, ``(9, b)`` int32 on ``device`` in :data:`BATCH_FIELDS` order
+    (int64 for an int ``cache_seqlens`` beyond int32, which the value checks then report), from its
+    statically checked arguments with torch ops only: no value is read on the host, and a typical
+    decode call costs a handful of tiny device ops (the index tensors are int32 already).
 
     ``Sq_i`` and the q starts from ``cu_seqlens_q`` (else ``sq``, 0); cache rows from
     ``cache_batch_idx`` (else ``i``); ``N_i`` and the new starts from ``cu_seqlens_k_new`` (else
     ``k.shape[1]``, 0; no ``k``: 0); ``C_i`` from ``cache_seqlens`` (an int: every entry; None: the
     capacity); ``L_i`` from ``cache_leftpad`` (else 0); ``Sk_i = C_i + N_i - L_i``; ``P0_i`` from
     ``rotary_seqlens`` (else ``C_i``)."""
-    zeros = torch.zeros(batch, dtype=torch.int64, device=device)
+    wide = isinstance(cache_seqlens, int) and not -2**31 <= cache_seqlens < 2**31
+    dtype = torch.int64 if wide else torch.int32
+    zeros = torch.zeros(batch, dtype=dtype, device=device)
 
-    def per_batch(x, default: int) -> torch.Tensor:  # (b,) int64: x, or default in every entry
+    def per_batch(x, default: int) -> torch.Tensor:  # (b,): x, or default in every entry
         if isinstance(x, torch.Tensor):
-            return x.to(torch.int64)
+            return x.to(dtype)
         if default == 0:
             return zeros
-        value = min(max(default, -INT64_MAX - 1), INT64_MAX)  # an absurd int cache_seqlens fails later
-        return torch.full((batch,), value, dtype=torch.int64, device=device)
+        value = min(max(default, -INT64_MAX - 1), INT64_MAX)  # (an absurd int cache_seqlens)
+        return torch.full((batch,), value, dtype=dtype, device=device)
 
     def lengths(cu, length: int):  # (lens, starts) of each entry, from offsets or a fixed length
         if cu is None:
             return per_batch(None, length), zeros
-        cu = cu.to(torch.int64)
+        cu = cu.to(dtype)
         return cu[1:] - cu[:-1], cu[:-1]
 
     seqlens_q, q_starts = lengths(cu_seqlens_q, static_sq)
-    new_lens, new_starts = lengths(cu_seqlens_k_new, k.shape[1] if k is not None and k.dim() == 4 else 0)
+    fixed_new = k.shape[1] if k is not None and k.dim() == 4 else 0
+    new_lens, new_starts = lengths(cu_seqlens_k_new, fixed_new)
     if cache_batch_idx is None:
-        cache_rows = torch.arange(batch, dtype=torch.int64, device=device)
+        cache_rows = torch.arange(batch, dtype=dtype, device=device)
     else:
         cache_rows = per_batch(cache_batch_idx, 0)
     if isinstance(cache_seqlens, torch.Tensor):
         ends = per_batch(cache_seqlens, 0)
     else:
         ends = per_batch(None, capacity if cache_seqlens is None else cache_seqlens)
+    seqlens_k = ends + (new_lens if cu_seqlens_k_new is not None else fixed_new)
     leftpads = per_batch(cache_leftpad, 0)
+    if cache_leftpad is not None:
+        seqlens_k = seqlens_k - leftpads
     rotary_starts = per_batch(rotary_seqlens, 0) if rotary_seqlens is not None else ends
-    return torch.stack([seqlens_q, q_starts, cache_rows, leftpads, ends + new_lens - leftpads, new_lens,
-                        new_starts, ends, rotary_starts])
+    return torch.stack([seqlens_q, q_starts, cache_rows, leftpads, seqlens_k, new_lens, new_starts, ends,
+                        rotary_starts])
 
 
 def check_kvcache_values(call: KVCacheCall, arguments: dict, max_seqlen_q, batch_k: int) -> KVCacheCall:

@@ -119,7 +119,8 @@ def flash_attn_with_kvcache(
 
 def batch_metadata(call: KVCacheCall) -> dict[str, torch.Tensor]:
     """The per-batch values of ``call`` (:data:`attn_ref.validation.BATCH_FIELDS`) as ``(b,)`` int32
-    tensors on q's device, converted on the device from ``call.batch``."""
+    tensors on q's device: the rows of ``call.batch`` (int32 already, but for an out-of-range int
+    ``cache_seqlens``, converted on the device)."""
     return dict(zip(BATCH_FIELDS, call.batch.to(torch.int32)))
 
 

@@ -14,6 +14,10 @@ to hide latency. So
   :data:`MIN_BLOCKS_PER_SPLIT` key blocks (a split must amortise its Q load and its partial write)
   and by 256 (FA3's limit).
 
+The launcher passes static bounds only (:mod:`kernels.kvcache`): the query length ``sq`` (varlen:
+``max_seqlen_q``) for ``m_blocks``, and the cache capacity for the key length, so the choice never
+reads ``cache_seqlens`` and one CUDA graph serves every length.
+
 Examples on an H200 (132 SMs), GQA 32/8, BLOCK_N 64: batch 1, 64k context -> 8 programs, ``n = 33``
 (~2k keys each, 264 programs); batch 16, 4k -> 128 programs, ``n = 3``; batch 32 -> 256 programs,
 ``n = 1``. In the interpreter the device is taken to have :data:`kernels.launch.INTERPRETER_SMS` SMs.

@@ -399,26 +399,29 @@ def _case(suite, label, shape, nbytes, flops, providers, ceilings, baseline=BASE
             "ideal_time_s": ideal, "providers": providers}
 
 
+def _failed_case(suite: str, problem: Problem, exc: Exception, ceilings: dict, baseline=BASELINE) -> dict:
+    """The record of a case whose setup failed."""
+    failed = {"setup": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
+    return _case(suite, problem.label, problem.shape(), problem.bytes_moved(), problem.flops(), failed, ceilings,
+                 baseline)
+
+
 def run(quick: bool, ceilings: dict, timer: Timer = cuda_time, device: str = "cuda") -> Iterator[dict]:
     """The case records, one at a time (a run stopped early keeps those already yielded)."""
     for problem in problems(quick):
         try:
             yield measure_attention(problem, timer, ceilings, device)
         except Exception as exc:  # noqa: BLE001  (keep the other cases: report this one's failure)
-            failed = {"setup": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
-            yield _case(problem.suite, problem.label, problem.shape(), problem.bytes_moved(), problem.flops(),
-                        failed, ceilings)
+            yield _failed_case(problem.suite, problem, exc, ceilings)
         if not quick:
             time.sleep(1)  # let clocks and power settle between cases (FA's benchmark habit)
+    for shape in combine_shapes(quick):
+        yield measure_combine(*shape, timer, ceilings, device)
     for problem in graph_problems(quick):
         try:
             yield measure_graph_step(problem, timer, ceilings, device)
         except Exception as exc:  # noqa: BLE001  (as above)
-            failed = {"setup": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
-            yield _case("graph", problem.label, problem.shape(), problem.bytes_moved(), problem.flops(), failed,
-                        ceilings, baseline="kernels_api")
-    for shape in combine_shapes(quick):
-        yield measure_combine(*shape, timer, ceilings, device)
+            yield _failed_case("graph", problem, exc, ceilings, baseline="kernels_api")
 
 
 def targets(cases: list[dict]) -> list[dict]:

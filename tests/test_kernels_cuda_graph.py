@@ -5,9 +5,10 @@ On a GPU (``benchmarks/gpu_check.sh`` runs this file with the other kernel tests
 ``torch.cuda.CUDAGraph`` and replayed with new tokens and moved ``cache_seqlens``; every replay must
 equal the eager call (value checks on) exactly, caches included (:func:`benchmarks.gpu.replay_difference`).
 
-On the CPU: the graph suite's case record (:func:`benchmarks.gpu.measure_graph_step`) is assembled
-with a fake timer and a stand-in for the capture (the call inside ``kernels.no_host_checks()``, as it
-runs under capture) on a tiny problem, and validates against ``benchmarks/schema.json``.
+Everywhere (the CPU's interpreter, or the GPU): the graph suite's case record
+(:func:`benchmarks.gpu.measure_graph_step`) is assembled with a fake timer and a stand-in for the
+capture (the call inside ``kernels.no_host_checks()``, as it runs under capture) on a tiny problem,
+and validates against ``benchmarks/schema.json``.
 """
 
 import json
@@ -47,7 +48,8 @@ def test_graph_suite_record_on_cpu():
         return {"time_s": 1e-3 if capture else 3e-3, "method": "fake"}
 
     tiny = Problem("decode", 2, 1, 40, heads_q=4, heads_kv=2, head_dim=32, page_size=16)
-    case = gpu.measure_graph_step(tiny, timer, {"copy_bytes_per_s": 1e12}, device="cpu", capture=stand_in_capture)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    case = gpu.measure_graph_step(tiny, timer, {"copy_bytes_per_s": 1e12}, device=device, capture=stand_in_capture)
     jsonschema.Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/case"}).validate(case)
     providers = case["providers"]
     assert case["suite"] == "graph" and case["baseline"] == "kernels_api"

@@ -7,7 +7,7 @@ torch functions that return host values (``torch.equal``, ...) and those whose r
 on the data (``unique``, ``nonzero``: a sync on a GPU) raise :class:`HostRead`. The launches are
 recorded instead of run (the interpreter itself reads tensors, as a GPU kernel reads device memory)
 and run after the patch is undone. The results must be bit-identical to the same call with the
-checks on, over a grid of features.
+checks on, over a grid of features. On a GPU the same tests run on CUDA tensors.
 """
 
 import contextlib
@@ -19,6 +19,15 @@ import kernels
 from kernels.host_checks import ENV_VAR
 from kernels.launch import Launch
 from kvcache_cases import clone_args, make_case
+
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def case(**options) -> dict:
+    """A valid call (:func:`kvcache_cases.make_case`) on :data:`DEVICE`."""
+    args = make_case(**options)
+    return {name: x.to(DEVICE) if isinstance(x, torch.Tensor) else x for name, x in args.items()}
 
 
 class HostRead(AssertionError):
@@ -100,7 +109,7 @@ GRID = {
 @pytest.mark.parametrize("num_splits", [1, 3, 0], ids=["n1", "n3", "heuristic"])
 @pytest.mark.parametrize("name", list(GRID))
 def test_unchecked_call_reads_nothing_and_matches(monkeypatch, name, num_splits):
-    args = make_case(batch=3, capacity=16, d=16, **GRID[name], seed=len(name))
+    args = case(batch=3, capacity=16, d=16, **GRID[name], seed=len(name))
     checked_args, unchecked_args = clone_args(args), clone_args(args)
     expected = kernels.flash_attn_with_kvcache(**checked_args, num_splits=num_splits, return_softmax_lse=True)
     got = unchecked_call(monkeypatch, dict(unchecked_args, num_splits=num_splits, return_softmax_lse=True))
@@ -113,7 +122,7 @@ def test_unchecked_call_reads_nothing_and_matches(monkeypatch, name, num_splits)
 
 def test_the_patch_catches_reads(monkeypatch):
     """The test can fail: the checks-on call reads index tensors, and the patch sees it."""
-    args = make_case(batch=2, seqlen_new=1, seed=1)
+    args = case(batch=2, seqlen_new=1, seed=1)
     with pytest.raises(HostRead), no_host_reads(monkeypatch):
         kernels.flash_attn_with_kvcache(**args)
 
@@ -121,9 +130,9 @@ def test_the_patch_catches_reads(monkeypatch):
 def test_switches_skip_only_the_value_checks(monkeypatch):
     """``no_host_checks()`` and ``ATTN_REF_HOST_CHECKS=0`` skip the value checks (a cache overflow is
     not caught), never the static ones (a wrong dtype still is); on by default."""
-    args = make_case(batch=2, seqlen_new=1, capacity=8, seed=2)
-    overflow = dict(args, cache_seqlens=torch.tensor([3, 8], dtype=torch.int32))
-    wrong_dtype = dict(args, cache_seqlens=torch.tensor([3, 4]))
+    args = case(batch=2, seqlen_new=1, capacity=8, seed=2)
+    overflow = dict(args, cache_seqlens=torch.tensor([3, 8], dtype=torch.int32, device=DEVICE))
+    wrong_dtype = dict(args, cache_seqlens=torch.tensor([3, 4], device=DEVICE))
     with pytest.raises(ValueError, match="exceeds the cache capacity"):
         kernels.flash_attn_with_kvcache(**clone_args(overflow))
     with monkeypatch.context() as env:

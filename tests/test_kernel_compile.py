@@ -8,7 +8,9 @@ target=GPUTarget("cuda", arch, 32))``, which produces PTX and a cubin on a CPU m
 
 Compiling needs real ``@triton.jit`` functions, but the test session imports :mod:`kernels` in
 interpreter mode, so the compilation runs in a subprocess without ``TRITON_INTERPRET`` (this file
-is also its script). fp8 variants are compiled for sm_90 only (e4m3 needs sm_89+).
+is also its script). fp8 variants are compiled for sm_90 only (e4m3 needs sm_89+). A call without
+the value checks (under CUDA graph capture, :mod:`kernels.host_checks`) plans the very same launches
+(:func:`test_calls_without_value_checks_plan_the_same_launches`), so these variants cover it too.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def _signature(launch) -> tuple[dict, dict, dict]:
     return signature, dict(launch.constexprs), attrs
 
 
-def _variant_launches(case: dict, knobs: dict):
+def _variant_launches(case: dict, knobs: dict, value_checks: bool = True):
     """The launches ``kernels.flash_attn_with_kvcache`` runs for one call, plus a standalone merge."""
     from attn_ref.validation import check_kvcache_args
     from kernels.kvcache import plan_kvcache
@@ -95,7 +97,7 @@ def _variant_launches(case: dict, knobs: dict):
     args = make_case(**case)
     if args.get("cache_seqlens") is not None and args.get("k") is None:
         args["cache_seqlens"] = torch.full_like(args["cache_seqlens"], case["capacity"])  # long contexts
-    launches, (out, lse, _, _) = plan_kvcache(check_kvcache_args(**args, **knobs))
+    launches, (out, lse, _, _) = plan_kvcache(check_kvcache_args(**args, **knobs, value_checks=value_checks))
     states = torch.zeros(2, 1, 1, 15, 64)  # merge_attention_states: two fp32 states (A0, A1, A2, dim)
     lses = torch.zeros(2, 1, 1, 15)
     merged, merged_lse = torch.empty(1, 1, 15, 64, dtype=out.dtype), torch.empty(1, 1, 15)
@@ -144,6 +146,21 @@ def test_every_kernel_variant_compiles(arch):
     assert not failed, "\n\n".join(f"{label}: {error}" for label, error in failed.items())
     kernels_compiled = {label.split("/")[1] for label in results}
     assert kernels_compiled == {"_append_kv_kernel", "_attention_kernel", "_merge_states_kernel"}, results
+
+
+def test_calls_without_value_checks_plan_the_same_launches():
+    """Kernels, grids, warps, stages, constexprs and runtime arguments (tensor dtypes and 16-byte
+    alignment, every int and float) are those of the checked call."""
+    def argument(x):
+        return (x.dtype, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x
+
+    def planned(case, knobs, value_checks):
+        return [(launch.kernel.__name__, launch.grid, launch.num_warps, launch.num_stages, launch.constexprs,
+                 {name: argument(x) for name, x in launch.runtime_args().items()})
+                for launch in _variant_launches(case, knobs, value_checks)]
+
+    for name, (case, knobs) in VARIANTS.items():
+        assert planned(case, knobs, False) == planned(case, knobs, True), name
 
 
 if __name__ == "__main__":

@@ -145,3 +145,14 @@ def test_switches_skip_only_the_value_checks(monkeypatch):
             kernels.flash_attn_with_kvcache(**clone_args(wrong_dtype))
     with pytest.raises(ValueError, match="exceeds the cache capacity"):  # back on after the block
         kernels.flash_attn_with_kvcache(**clone_args(overflow))
+
+
+def test_capture_turns_the_value_checks_off(monkeypatch):
+    """``torch.cuda.is_current_stream_capturing()`` decides for CUDA tensors (asked only for those)."""
+    from kernels.host_checks import value_checks_enabled
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not value_checks_enabled(torch.device("cuda"))
+    assert value_checks_enabled(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert value_checks_enabled(torch.device("cuda"))

@@ -13,15 +13,15 @@ Figures (counts in :mod:`benchmarks.problems`; TB = 1e12):
   the eager call with its value checks (``kernels_api``, the baseline) and without
   (``kernels_unchecked``, inside ``kernels.no_host_checks()``).
 
-Providers see the same logical problem. ``kernels`` is the public call ``kernels.flash_attn_with_kvcache``
-captured in a CUDA graph, as a serving engine runs it (under capture its value checks, which read
-index tensors on the host, are off: :mod:`kernels.host_checks`); ``kernels_api`` the same call made
-eagerly with the value checks on (a device-to-host sync per call, host work timed). Both, and FA3 (same API), read the
-shuffled paged cache; SDPA reads K/V gathered into dense ``(b, h_k, sk, d)`` tensors ahead of time
-(``enable_gqa=True``; dense ``(b, h, sk, d)`` copies with the KV heads repeated if that backend
-refuses GQA; each provider's ``setup`` says which), with ``is_causal`` for prefill (``sq == sk``, so
-top-left and bottom-right alignment coincide); FlashAttention 2, whose paged cache needs pages of a
-multiple of 256 tokens, reads the dense cache.
+Providers see the same logical problem. ``kernels`` is the public call
+``kernels.flash_attn_with_kvcache`` captured in a CUDA graph, as a serving engine runs it (under
+capture its value checks, which read index tensors on the host, are off: :mod:`kernels.host_checks`);
+``kernels_api`` the same call made eagerly with the value checks on (device-to-host syncs, host work
+timed). Both, and FA3 (same API), read the shuffled paged cache; SDPA reads K/V gathered into
+dense ``(b, h_k, sk, d)`` tensors ahead of time (``enable_gqa=True``; dense ``(b, h, sk, d)`` copies
+with the KV heads repeated if that backend refuses GQA; each provider's ``setup`` says which), with
+``is_causal`` for prefill (``sq == sk``, so top-left and bottom-right alignment coincide);
+FlashAttention 2, whose paged cache needs pages of a multiple of 256 tokens, reads the dense cache.
 
 Timing (:func:`cuda_time`): after a warm-up call (compilation, autotuning), the call is captured in a
 CUDA graph and ``triton.testing.do_bench(graph.replay, return_mode="median")`` times it; ``do_bench``

@@ -179,7 +179,7 @@ try:
 except ValueError as error:
     assert str(error) == "q can only be None when only_qv=True"
     entry = errors.lookup(error)
-    assert entry["slug"] == "kvcache/q-none-without-only-qv"
+    assert entry["slug"] == "only-qv/q-none-without-only-qv"
     print(f"{error}\n  -> catalog entry {entry['id']}: {entry['slug']}")
 else:
     raise AssertionError("expected a ValueError")
@@ -193,7 +193,7 @@ try:
 except ValueError as error:
     assert str(error) == "q must be provided unless qv is provided with only_qv=True"
     entry = errors.lookup(error)
-    assert entry["slug"] == "kvcache/q-none-and-qv-none"
+    assert entry["slug"] == "only-qv/q-none-and-qv-none"
     print(f"{error}\n  -> catalog entry {entry['id']}: {entry['slug']}")
 else:
     raise AssertionError("expected a ValueError")
@@ -208,7 +208,7 @@ try:
 except ValueError as error:
     assert str(error) == "only_qv=True requires qv to be provided"
     entry = errors.lookup(error)
-    assert entry["slug"] == "kvcache/only-qv-without-qv"
+    assert entry["slug"] == "only-qv/only-qv-without-qv"
     print(f"{error}\n  -> catalog entry {entry['id']}: {entry['slug']}")
 else:
     raise AssertionError("expected a ValueError")

@@ -61,7 +61,9 @@ print(caught)
 # %% [markdown]
 # The message says what was expected and what was given. Nothing was written for the failing step:
 # every check runs before the cache is touched. The exception also carries a **note** (PEP 678) with
-# its catalog id and a link to its page on the docs site; Python prints it under the traceback.
+# its catalog id, the command that explains it offline, and a link to its page on the docs site
+# (`ATTN_REF_DOCS_URL` points the link at another build, for instance a local `make serve`; empty
+# drops it); Python prints the note under the traceback.
 
 # %%
 print(caught.__notes__[0])
@@ -113,12 +115,14 @@ else:
 # %% [markdown]
 # ## 2. On the command line: `python -m errors`
 #
-# The same lookups from a shell: `explain` takes a message, an id or a slug and prints the entry as
-# Markdown; `search` finds entries by words. For example:
+# The same lookups from a shell: `explain` takes a message (with or without its `ValueError: `
+# prefix), an id or a slug and prints the entry as Markdown; `explain -` reads a whole pasted
+# traceback from stdin (the last exception line counts); `search` finds entries by words. For example:
 #
 # ```bash
 # python -m errors explain "batch entry 0: cache_seqlens (8) + new tokens (1) exceeds the cache capacity (8 tokens per sequence)"
 # python -m errors explain 9a8439341d112b8b
+# python -m errors explain - < traceback.txt
 # python -m errors search capacity
 # ```
 #
@@ -171,7 +175,7 @@ print(f"raised in {source['path']}, function {source['function']}, line {source[
 
 # %%
 shared = [e for e in catalog["errors"] if e.get("upstream")]
-example = errors.get("kvcache/q-none-without-only-qv")
+example = errors.get("only-qv/q-none-without-only-qv")
 print(f"{len(shared)} of {len(catalog['errors'])} entries are shared with sglang, e.g.")
 print(f"  {example['message']['template']!r}: {example['upstream']['repository']}, {example['upstream']['path']}")
 
@@ -192,9 +196,9 @@ assert decode(12, bigger_table) == 12
 #
 # | Way in | Use |
 # |---|---|
-# | the exception note | `attn-ref error <id>: <slug>, see <docs link>` under every traceback |
+# | the exception note | ``attn-ref error <id>: <slug>; run `python -m errors explain <id>` or see <docs link>`` under every traceback |
 # | `errors.lookup(exc_or_message)` | the entry as a dict: meaning, solutions, examples, source |
-# | `python -m errors explain <message, id or slug>` | the same entry as Markdown in a terminal |
+# | `python -m errors explain <message, traceback, id or slug>` (`-` reads a pasted traceback from stdin) | the same entry as Markdown in a terminal |
 # | `errors/catalog.json`, `/api/errors/<id>.json` | the raw data, for tools and other languages |
 #
 # The other tutorials catch their errors the same way: the cells that make a mistake on purpose

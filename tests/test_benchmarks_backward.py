@@ -3,16 +3,19 @@ its case records assembled on the CPU with a fixed fake timer (nothing here is a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from benchmarks import gpu_backward
 
 ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "benchmarks" / "schema.json").read_text())
 
 
 def test_flop_and_byte_counts():
@@ -46,3 +49,5 @@ def test_case_records_with_a_fake_timer():
         assert "error" not in provider, provider
         assert provider["flop_per_s"] == pytest.approx(tiny.flops() / 1e-3)
         assert provider["max_abs_diff_vs_attn_ref"] < 0.05  # bf16 gradients of the same saved state
+    # the record has the layout of every other suite's cases (benchmarks/schema.json)
+    jsonschema.Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/case"}).validate(case)

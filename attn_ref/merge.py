@@ -13,20 +13,29 @@ Conventions: a state over no visible key is ``(0, -inf)``; merging two such stat
 ``(0, -inf)``, never NaN. An LSE of ``+inf`` (FA3's marker for zero-length KV) is treated as
 ``-inf``, as sglang's ``merge_state`` does. Libraries that use base-2 LSEs (FlashInfer, the Triton
 tutorial) must convert with ``lse_e = lse_2 * ln 2`` first.
+
+:func:`check_merge_states` is the argument check of both this function and
+:func:`kernels.merge_attention_states` (same messages, same order); :func:`check_state` checks one
+state and also serves ``kernels.combine_attention_states``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from errors.notes import catalogued
 
+
+@catalogued
 def merge_attention_states(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out_a, lse_a) ⊕ (out_b, lse_b)`` in fp32.
 
-    Shapes: ``out_* (..., dim)``, ``lse_* (...)`` (= ``out.shape[:-1]``). Returns fp32 ``(out, lse)``.
+    Shapes: ``out_* (..., dim)``, ``lse_* (...)`` (= ``out.shape[:-1]``), any float dtype, one shape
+    for both states. Returns fp32 ``(out (..., dim), lse (...))``.
     """
+    check_merge_states(out_a, lse_a, out_b, lse_b)
     lse_a = _no_plus_inf(lse_a.float())
     lse_b = _no_plus_inf(lse_b.float())
     m = torch.maximum(lse_a, lse_b)
@@ -41,3 +50,28 @@ def merge_attention_states(
 
 def _no_plus_inf(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(lse == float("inf"), torch.full_like(lse, float("-inf")), lse)
+
+
+def check_merge_states(out_a, lse_a, out_b, lse_b) -> None:
+    """Two attention states of one shape: ``out_* (..., dim)``, ``lse_* (...)`` = ``out_a.shape[:-1]``."""
+    check_state("out_a", out_a, "lse_a", lse_a)
+    check_state("out_b", out_b, "lse_b", lse_b)
+    if out_b.shape != out_a.shape:
+        raise ValueError(f"out_b must have the shape of out_a {tuple(out_a.shape)}, got {tuple(out_b.shape)}")
+
+
+def check_state(out_name: str, out, lse_name: str, lse) -> None:
+    """An attention state: ``lse.shape == out.shape[:-1]``, both floating point, same device."""
+    if not isinstance(out, torch.Tensor) or not isinstance(lse, torch.Tensor):
+        raise TypeError(
+            f"{out_name} and {lse_name} must be torch.Tensors, got {type(out).__name__} and {type(lse).__name__}"
+        )
+    if out.dim() < 1 or tuple(lse.shape) != tuple(out.shape[:-1]):
+        raise ValueError(
+            f"{lse_name} must have shape {out_name}.shape[:-1] = {tuple(out.shape[:-1])}, got {tuple(lse.shape)}"
+        )
+    if not (out.dtype.is_floating_point and lse.dtype.is_floating_point) or out.device != lse.device:
+        raise ValueError(
+            f"{out_name} and {lse_name} must be floating point on one device, got {out.dtype} on "
+            f"{out.device} and {lse.dtype} on {lse.device}"
+        )

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from attn_ref.merge import check_merge_states, check_state
 from errors.notes import catalogued
 
 from .launch import Launch, next_power_of_2, explicit_rounding
@@ -133,11 +134,9 @@ def merge_attention_states(
 
     Shapes: ``out_* (..., dim)``, ``lse_* (...)`` = ``out.shape[:-1]``, natural-log LSE, any float
     dtype. Returns fp32 ``(out (..., dim), lse (...))``. The inputs are read in place (no stacking).
+    Arguments are checked by :func:`attn_ref.merge.check_merge_states`, as in the reference.
     """
-    _require_state("out_a", out_a, "lse_a", lse_a)
-    _require_state("out_b", out_b, "lse_b", lse_b)
-    if out_b.shape != out_a.shape:
-        raise ValueError(f"out_b must have the shape of out_a {tuple(out_a.shape)}, got {tuple(out_b.shape)}")
+    check_merge_states(out_a, lse_a, out_b, lse_b)
     rows_a, rows_b = _rows(out_a), _rows(out_b)  # (R, dim) each
     return _fold(rows_a[None, None], lse_a.reshape(1, 1, -1), rows_b[None, None, None],
                  lse_b.reshape(1, 1, 1, -1), out_a.shape)
@@ -150,7 +149,7 @@ def combine_attention_states(out_partials: torch.Tensor, lse_partials: torch.Ten
     Shapes: ``out_partials (n, ..., dim)``, ``lse_partials (n, ...)``. Returns fp32
     ``(out (..., dim), lse (...))``. ``+inf`` LSEs are read as ``-inf``, also when ``n = 1``.
     """
-    _require_state("out_partials", out_partials, "lse_partials", lse_partials)
+    check_state("out_partials", out_partials, "lse_partials", lse_partials)
     if out_partials.dim() < 2 or out_partials.shape[0] == 0:
         raise ValueError(
             f"out_partials must be (n, ..., dim) with n >= 1 states, got shape {tuple(out_partials.shape)}"
@@ -174,20 +173,3 @@ def _fold(first_out, first_lse, rest_out, rest_lse, out_shape):
     if out.numel() > 0:
         plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse).run()
     return out.view(out_shape), lse.view(out_shape[:-1])
-
-
-def _require_state(out_name: str, out: torch.Tensor, lse_name: str, lse: torch.Tensor) -> None:
-    """An attention state: ``lse.shape == out.shape[:-1]``, both floating point, same device."""
-    if not isinstance(out, torch.Tensor) or not isinstance(lse, torch.Tensor):
-        raise TypeError(
-            f"{out_name} and {lse_name} must be torch.Tensors, got {type(out).__name__} and {type(lse).__name__}"
-        )
-    if out.dim() < 1 or tuple(lse.shape) != tuple(out.shape[:-1]):
-        raise ValueError(
-            f"{lse_name} must have shape {out_name}.shape[:-1] = {tuple(out.shape[:-1])}, got {tuple(lse.shape)}"
-        )
-    if not (out.dtype.is_floating_point and lse.dtype.is_floating_point) or out.device != lse.device:
-        raise ValueError(
-            f"{out_name} and {lse_name} must be floating point on one device, got {out.dtype} on "
-            f"{out.device} and {lse.dtype} on {lse.device}"
-        )

@@ -58,7 +58,7 @@ from .paged import cache_slots, flat_slot_index
 
 #: Input dtypes both implementations accept (fp32 is an addition to upstream's fp16/bf16/fp8).
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
-#: Largest ``num_splits`` (FA3's limit).
+#: Largest ``num_splits`` (FA3's limit); also the cap of the kernels' split heuristic.
 MAX_NUM_SPLITS = 256
 #: Integer options reach FA3's C++ as int64 (window sides, ``attention_chunk``).
 INT64_MAX = 2**63 - 1
@@ -69,6 +69,11 @@ LARGE_SCALE = 1e4
 #: Rows of :attr:`KVCacheCall.batch`, one per-batch value each (see :class:`KVCacheCall`).
 BATCH_FIELDS = ("seqlens_q", "q_starts", "cache_rows", "leftpads", "seqlens_k", "new_lens",
                 "new_starts", "cache_seqlens", "rotary_starts")
+
+
+def output_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the attention output for inputs of ``dtype``: the same, but bf16 for fp8 (as FA3)."""
+    return torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
 
 
 @dataclass
@@ -145,8 +150,8 @@ class KVCacheCall:
 
     @property
     def out_dtype(self) -> torch.dtype:
-        """Output dtype: q's dtype, or bf16 for fp8 inputs (as FA3)."""
-        return torch.bfloat16 if self.is_fp8 else self.q.dtype
+        """Output dtype: :func:`output_dtype` of q's dtype."""
+        return output_dtype(self.q.dtype)
 
     @property
     def total_q(self) -> int:
@@ -679,7 +684,7 @@ def check_kvcache_args(
             f"num_splits must be an int <= {MAX_NUM_SPLITS} (<= 0 = heuristic, 1 = no split), "
             f"got {num_splits!r}"
         )
-    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    out_dtype = output_dtype(q.dtype)
     if out is not None:
         _require_tensor("out", out)
         _require_device("out", out, device)

@@ -12,7 +12,7 @@ to hide latency. So
   the combine pass);
 * otherwise ``n = ceil(2 · num_SMs / programs)``, capped so that each split still has at least
   :data:`MIN_BLOCKS_PER_SPLIT` key blocks (a split must amortise its Q load and its partial write)
-  and by 256 (FA3's limit).
+  and by :data:`attn_ref.validation.MAX_NUM_SPLITS` (256, FA3's limit).
 
 The launcher passes static bounds only (:mod:`kernels.kvcache`): the query length ``sq`` (varlen:
 ``max_seqlen_q``) for ``m_blocks``, and the cache capacity for the key length, so the choice never
@@ -41,12 +41,12 @@ from dataclasses import dataclass
 
 import triton
 
+from attn_ref.validation import MAX_NUM_SPLITS
+
 from .launch import INTERPRETING, next_power_of_2
 
 #: Fewest key blocks a split should hold when the heuristic splits.
 MIN_BLOCKS_PER_SPLIT = 4
-#: Largest split count (FA3's limit, and the validation's).
-MAX_SPLITS = 256
 
 
 @dataclass(frozen=True)
@@ -77,4 +77,4 @@ def choose_num_splits(programs: int, max_seqlen_k: int, block_n: int, num_sms: i
         return 1
     by_occupancy = triton.cdiv(2 * num_sms, max(programs, 1))
     by_length = triton.cdiv(max_seqlen_k, block_n) // MIN_BLOCKS_PER_SPLIT
-    return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+    return max(1, min(by_occupancy, by_length, MAX_NUM_SPLITS))

@@ -48,13 +48,10 @@ import triton
 import triton.language as tl
 
 from .launch import Launch, compute_dtype, dot_precision, explicit_rounding, next_power_of_2, rotated_q_parts
-from .numerics import split_parts, store_as, tanh
+from .numerics import LN2, LOG2E, split_parts, store_as, tanh
 from .paged import token_offsets
 from .rotary import load_rotated
 from .splits import AttentionTiles
-
-LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
-LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
 
 
 @triton.jit

@@ -34,8 +34,7 @@ import triton
 import triton.language as tl
 
 from .launch import Launch, compute_dtype, dot_precision, next_power_of_2
-
-LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
+from .numerics import LOG2E
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])

@@ -9,7 +9,8 @@ always run.
 The value checks are **on**, unless
 
 * the current CUDA stream is capturing a graph (``torch.cuda.is_current_stream_capturing()``), or
-* the environment variable ``ATTN_REF_HOST_CHECKS`` is ``0`` (read at each call), or
+* the environment variable ``ATTN_REF_HOST_CHECKS`` is ``0`` (or ``false``, ``no``, ``off``: the
+  rule of :mod:`attn_ref.switches`; read at each call), or
 * the call runs inside ``with kernels.no_host_checks():``.
 
 Without them the call reads no device value on the host (its launches are sized from shapes and
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 
 import torch
+
+from attn_ref.switches import switch_on
 
 #: Environment variable: ``0`` turns the value checks off outside capture too.
 ENV_VAR = "ATTN_REF_HOST_CHECKS"
@@ -52,4 +54,4 @@ def value_checks_enabled(device: torch.device) -> bool:
     """Whether a call with tensors on ``device`` runs the value checks now (module docstring)."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return False
-    return not _OFF.get() and os.environ.get(ENV_VAR, "1") != "0"
+    return not _OFF.get() and switch_on(ENV_VAR)

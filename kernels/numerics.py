@@ -1,5 +1,6 @@
 """Small ``@triton.jit`` numeric helpers shared by the kernels.
 
+* ``LOG2E``, ``LN2`` - the base change of the online softmax (``exp2`` in the loop, natural-log LSE out).
 * :func:`round_to_bf16` - round fp32 to the nearest bf16 value (ties to even) by integer operations
   on the fp32 bits: ``bits + 0x7FFF + lsb`` then clear the low 16 bits, where ``lsb`` is bit 16 (the
   last bit bf16 keeps). The result is an fp32 holding a bf16 value, so the following ``.to(bf16)``
@@ -25,6 +26,9 @@
 
 import triton
 import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): e^x = 2^(x·LOG2E), the kernels' softmax works in base 2
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): back from base 2 to the natural-log LSE
 
 
 @triton.jit

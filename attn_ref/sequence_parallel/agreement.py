@@ -25,20 +25,18 @@ only checks its own arguments, as before.
 
 from __future__ import annotations
 
-import os
 import zlib
 from typing import Callable, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from ..switches import switch_on
 from .checks import check_ranks_agree
 from .comm import Group, group_size
 
 #: Environment variable that turns the cross-rank check off.
 CHECK_RANKS_ENV = "ATTN_REF_SP_CHECK_RANKS"
-
-_OFF = ("0", "false", "no", "off")
 
 T = TypeVar("T")
 
@@ -48,7 +46,7 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 def rank_check_enabled() -> bool:
     """Whether :func:`run_checks_on_every_rank` compares the ranks (``ATTN_REF_SP_CHECK_RANKS``)."""
-    return os.environ.get(CHECK_RANKS_ENV, "1").strip().lower() not in _OFF
+    return switch_on(CHECK_RANKS_ENV)
 
 
 def describe(x: object, varlen_dim: Optional[int] = None) -> object:

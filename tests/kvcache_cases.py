@@ -4,14 +4,29 @@
 random inside its legal range, the way FlashAttention's ``test_flash_attn_kvcache`` does (section 4.4
 of the spec): ``cache_seqlens + new <= capacity``, ``0 <= cache_leftpad <= cache_seqlens``, pages
 shuffled with spare pages left unused, cache rows picked from a larger cache with ``cache_batch_idx``.
+
+:data:`REF` and :data:`KERNELS` are the implementations a feature test takes as its parameter
+(:func:`over` builds the parameter lists), each with its own shape multiplier.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
+import pytest
 import torch
+
+import attn_ref
+import kernels
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+#: fp8 e4m3 conversions need sm_89+ on a GPU (the interpreter has them).
+HAS_FP8 = not ON_GPU or torch.cuda.get_device_capability() >= (8, 9)
+FP8_SKIP = "fp8 e4m3 needs sm_89+ (this GPU has no fp8 conversion instructions)"
 
 
 def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype) -> torch.Tensor:
@@ -133,3 +148,51 @@ def make_case(
 def clone_args(args: dict) -> dict:
     """A deep copy of the tensors (a call mutates the caches)."""
     return {key: val.clone() if isinstance(val, torch.Tensor) else val for key, val in args.items()}
+
+
+def run_kernels(**args):
+    """``kernels.flash_attn_with_kvcache`` on :data:`DEVICE`; caches written back into ``args``'
+    tensors, results returned on the CPU (so the CPU oracle can check both)."""
+    moved = {key: val.to(DEVICE) if isinstance(val, torch.Tensor) else val for key, val in args.items()}
+    result = kernels.flash_attn_with_kvcache(**moved)
+    for name in ("k_cache", "v_cache"):
+        if isinstance(args.get(name), torch.Tensor) and moved[name] is not args[name]:
+            args[name].copy_(moved[name].cpu())
+    if isinstance(result, tuple):
+        return tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in result)
+    return result.cpu()
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """A ``flash_attn_with_kvcache`` under test: ``fn`` takes and returns CPU tensors; ``scale``
+    multiplies a case's ``capacity`` and ``seqlen_q`` (bigger grids and more key blocks where the
+    kernels run compiled on a GPU); ``on_gpu``: fp8 cases need :data:`HAS_FP8`."""
+
+    name: str
+    fn: Callable
+    scale: int = 1
+    on_gpu: bool = False
+
+    def sized(self, case: dict) -> dict:
+        """``case`` (keyword arguments of :func:`make_case`) with this implementation's sizes."""
+        return {key: val * self.scale if key in ("capacity", "seqlen_q") else val for key, val in case.items()}
+
+
+REF = Implementation("ref", attn_ref.flash_attn_with_kvcache)
+#: Compiled on a GPU with 8x the shapes; Triton's interpreter on the CPU otherwise.
+KERNELS = Implementation("kernels", run_kernels, scale=8 if ON_GPU else 1, on_gpu=ON_GPU)
+
+
+def over(impls: list[Implementation], *axes: dict) -> list:
+    """``pytest.param(impl, *values)`` for every implementation crossed with every combination of
+    ``axes`` (each a dict from id to value), with ids like ``ref-fp16-none``; fp8 cases of an
+    implementation on a GPU without fp8 are skipped."""
+    params = []
+    for impl in impls:
+        for combo in itertools.product(*(axis.items() for axis in axes)):
+            values = [val for _, val in combo]
+            no_fp8 = impl.on_gpu and not HAS_FP8 and any(val is torch.float8_e4m3fn for val in values)
+            params.append(pytest.param(impl, *values, id="-".join([impl.name, *(key for key, _ in combo)]),
+                                       marks=[pytest.mark.skip(reason=FP8_SKIP)] if no_fp8 else []))
+    return params

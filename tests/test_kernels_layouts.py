@@ -10,8 +10,7 @@ import attn_ref
 import kernels
 from kernels.splits import attention_tiles, choose_num_splits
 from dense_oracle import assert_matches_oracle
-from kvcache_cases import clone_args, make_case
-from test_kernels_kvcache import DEVICE, ON_GPU, run_kernels
+from kvcache_cases import DEVICE, ON_GPU, clone_args, make_case, run_kernels
 from test_reference_errors import PACKAGE_CHECKS, UPSTREAM_ORDER, base, message_matches
 from tolerance import assert_lse_close
 

@@ -150,38 +150,42 @@ def clone_args(args: dict) -> dict:
     return {key: val.clone() if isinstance(val, torch.Tensor) else val for key, val in args.items()}
 
 
-def run_kernels(**args):
-    """``kernels.flash_attn_with_kvcache`` on :data:`DEVICE`; caches written back into ``args``'
-    tensors, results returned on the CPU (so the CPU oracle can check both)."""
-    moved = {key: val.to(DEVICE) if isinstance(val, torch.Tensor) else val for key, val in args.items()}
-    result = kernels.flash_attn_with_kvcache(**moved)
-    for name in ("k_cache", "v_cache"):
-        if isinstance(args.get(name), torch.Tensor) and moved[name] is not args[name]:
-            args[name].copy_(moved[name].cpu())
-    if isinstance(result, tuple):
-        return tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in result)
-    return result.cpu()
-
-
 @dataclass(frozen=True)
 class Implementation:
-    """A ``flash_attn_with_kvcache`` under test: ``fn`` takes and returns CPU tensors; ``scale``
-    multiplies a case's ``capacity`` and ``seqlen_q`` (bigger grids and more key blocks where the
-    kernels run compiled on a GPU); ``on_gpu``: fp8 cases need :data:`HAS_FP8`."""
+    """A ``flash_attn_with_kvcache`` under test: ``api`` is the package's function, run on ``device``;
+    ``scale`` multiplies a case's ``capacity`` and ``seqlen_q`` (bigger grids and more key blocks
+    where the kernels run compiled on a GPU)."""
 
     name: str
-    fn: Callable
+    api: Callable
+    device: torch.device = torch.device("cpu")
     scale: int = 1
-    on_gpu: bool = False
 
     def sized(self, case: dict) -> dict:
         """``case`` (keyword arguments of :func:`make_case`) with this implementation's sizes."""
         return {key: val * self.scale if key in ("capacity", "seqlen_q") else val for key, val in case.items()}
 
+    def placed(self, args: dict) -> dict:
+        """``args`` with its tensors on :attr:`device` (the same tensors where they are already)."""
+        return {key: val.to(self.device) if isinstance(val, torch.Tensor) else val for key, val in args.items()}
+
+    def fn(self, **args):
+        """:attr:`api` on :attr:`device`; caches written back into ``args``' tensors, results returned
+        on the CPU (so the CPU oracle can check every implementation)."""
+        moved = self.placed(args)
+        result = self.api(**moved)
+        for name in ("k_cache", "v_cache"):
+            if isinstance(args.get(name), torch.Tensor) and moved[name] is not args[name]:
+                args[name].copy_(moved[name].cpu())
+        if isinstance(result, tuple):
+            return tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in result)
+        return result.cpu()
+
 
 REF = Implementation("ref", attn_ref.flash_attn_with_kvcache)
 #: Compiled on a GPU with 8x the shapes; Triton's interpreter on the CPU otherwise.
-KERNELS = Implementation("kernels", run_kernels, scale=8 if ON_GPU else 1, on_gpu=ON_GPU)
+KERNELS = Implementation("kernels", kernels.flash_attn_with_kvcache, DEVICE, scale=8 if ON_GPU else 1)
+run_kernels = KERNELS.fn
 
 
 def over(impls: list[Implementation], *axes: dict) -> list:
@@ -192,7 +196,7 @@ def over(impls: list[Implementation], *axes: dict) -> list:
     for impl in impls:
         for combo in itertools.product(*(axis.items() for axis in axes)):
             values = [val for _, val in combo]
-            no_fp8 = impl.on_gpu and not HAS_FP8 and any(val is torch.float8_e4m3fn for val in values)
+            no_fp8 = impl.device.type == "cuda" and not HAS_FP8 and any(val is torch.float8_e4m3fn for val in values)
             params.append(pytest.param(impl, *values, id="-".join([impl.name, *(key for key, _ in combo)]),
                                        marks=[pytest.mark.skip(reason=FP8_SKIP)] if no_fp8 else []))
     return params

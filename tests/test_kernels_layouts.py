@@ -1,5 +1,6 @@
-"""kernels.flash_attn_with_kvcache is a drop-in for attn_ref's: signature, errors, return values,
-split partials, edge cases, and (on a GPU) int64 cache addressing."""
+"""kernels.flash_attn_with_kvcache is a drop-in for attn_ref's: signature, errors, split partials,
+edge cases, and (on a GPU) int64 cache addressing. Return shapes, the ``out`` buffer, empty axes and
+inputs that require grad are tested over both implementations in :mod:`test_kvcache_layouts`."""
 
 import inspect
 
@@ -9,8 +10,7 @@ import torch
 import attn_ref
 import kernels
 from kernels.splits import attention_tiles, choose_num_splits
-from dense_oracle import assert_matches_oracle
-from kvcache_cases import DEVICE, ON_GPU, clone_args, make_case, run_kernels
+from kvcache_cases import ON_GPU, clone_args, make_case, run_kernels
 from test_reference_errors import PACKAGE_CHECKS, UPSTREAM_ORDER, base, message_matches
 from tolerance import assert_lse_close
 
@@ -90,30 +90,6 @@ def test_heuristic_examples():
     assert choose_num_splits(programs=1, max_seqlen_k=1 << 20, block_n=64, num_sms=132) == 256  # capped
 
 
-@pytest.mark.parametrize("varlen", [False, True])
-def test_return_values_like_the_reference(varlen):
-    args = make_case(batch=3, seqlen_q=2, heads=4, heads_k=2, dv=24, varlen_q=varlen, seed=5)
-    out_only = run_kernels(**clone_args(args))
-    assert isinstance(out_only, torch.Tensor)
-    for n in (1, 5):
-        mine, ref = run_both(args, num_splits=n)
-        assert len(mine) == 4
-        for x, y in zip(mine, ref):
-            assert (x is None) == (y is None)
-            if x is not None:
-                assert x.shape == y.shape and x.dtype == y.dtype
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_out_is_written_and_returned(dtype):
-    args = {key: val.to(DEVICE) if isinstance(val, torch.Tensor) else val
-            for key, val in make_case(dtype=dtype, seqlen_new=1, seed=7).items()}
-    expected = kernels.flash_attn_with_kvcache(**clone_args(args))
-    buffer = torch.full_like(expected, 7.0)
-    assert kernels.flash_attn_with_kvcache(**clone_args(args), out=buffer) is buffer
-    assert torch.equal(buffer, expected)
-
-
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_zero_length_kv_gives_zero_and_plus_inf(num_splits):
     args = make_case(seed=8)
@@ -131,40 +107,6 @@ def test_no_query_rows():
     args["cu_seqlens_q"] = torch.zeros_like(args["cu_seqlens_q"])
     mine, ref = run_both(args, num_splits=2)
     assert all(x.shape == y.shape and x.numel() == 0 for x, y in zip(mine, ref))
-
-
-EMPTY_AXES = {
-    # FA3 computes these (an empty output, or all-zero scores = uniform attention); so do both here
-    "zero_query_heads": dict(q=torch.randn(2, 2, 0, 16)),
-    "zero_head_dim_explicit_scale": dict(q=torch.randn(2, 2, 4, 0), k_cache=torch.randn(2, 8, 2, 0),
-                                         k=torch.randn(2, 2, 2, 0), softmax_scale=0.5),
-    "zero_value_head_dim": dict(v_cache=torch.randn(2, 8, 2, 0), v=torch.randn(2, 2, 2, 0)),
-}
-
-
-@pytest.mark.parametrize("change", EMPTY_AXES.values(), ids=EMPTY_AXES.keys())
-@pytest.mark.parametrize("impl", [run_kernels, attn_ref.flash_attn_with_kvcache], ids=["kernels", "attn_ref"])
-def test_empty_axes_are_computed(change, impl):
-    assert_matches_oracle(impl, dict(base(), **change), num_splits=3)
-
-
-@pytest.mark.parametrize("impl", [run_kernels, attn_ref.flash_attn_with_kvcache], ids=["kernels", "attn_ref"])
-def test_inputs_that_require_grad(impl):
-    # Read-only inputs may require grad (nothing is differentiated); a cache that requires grad may
-    # be appended to under torch.no_grad(), where PyTorch allows in-place writes into it.
-    plain = impl(**base(), return_softmax_lse=True)
-    args = base()
-    args["q"].requires_grad_()
-    args["k"].requires_grad_()
-    reading = impl(**args, return_softmax_lse=True)
-    assert not reading[0].requires_grad and torch.equal(reading[0], plain[0]) and torch.equal(reading[1], plain[1])
-    args = base()
-    args["k_cache"].requires_grad_()
-    with torch.no_grad():
-        writing = impl(**args, return_softmax_lse=True)
-    expected = base()
-    impl(**expected)
-    assert torch.equal(writing[0], plain[0]) and torch.equal(args["k_cache"], expected["k_cache"])
 
 
 def test_zero_cache_seqlens_rows_are_empty_and_sinks_count():

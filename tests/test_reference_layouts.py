@@ -1,7 +1,8 @@
 """Layout invariances, return values and the signature of attn_ref.flash_attn_with_kvcache.
 
 Different layouts of the same logical problem (paged vs dense cache, packed vs separate sequences,
-KV splits, performance knobs) must give the same answer.
+KV splits, performance knobs) must give the same answer. Return shapes and the ``out`` buffer are
+tested over both implementations in :mod:`test_kvcache_layouts`.
 """
 
 import inspect
@@ -113,40 +114,10 @@ def test_num_splits_negative_is_heuristic():
     assert torch.equal(out, run(args)[0])
 
 
-@pytest.mark.parametrize("varlen", [False, True])
-def test_return_shapes(varlen):
-    b, sq, h, dv, n = 3, 2, 4, 24, 5
-    args = make_case(batch=b, seqlen_q=sq, heads=h, heads_k=2, dv=dv, varlen_q=varlen, seed=5)
-    total_q = args["q"].shape[0]
-    out_only = flash_attn_with_kvcache(**clone_args(args))
-    assert isinstance(out_only, torch.Tensor)
-    result = run(args, num_splits=n)
-    assert isinstance(result, tuple) and len(result) == 4
-    out, lse, acc, lacc = result
-    assert torch.equal(out_only, run(args)[0])
-    rows = (total_q,) if varlen else (b, sq)
-    assert out.shape == (*rows, h, dv) and out.dtype == args["q"].dtype
-    assert lse.dtype == acc.dtype == lacc.dtype == torch.float32
-    if varlen:
-        assert lse.shape == (h, total_q) and acc.shape == (n, h, total_q, dv) and lacc.shape == (n, h, total_q)
-    else:
-        assert lse.shape == (b, h, sq) and acc.shape == (n, b, h, sq, dv) and lacc.shape == (n, b, h, sq)
-
-
 def test_fp8_output_is_bf16():
     args = make_case(dtype=torch.float8_e4m3fn, descale=True, seed=6)
     out, lse = run(args)[:2]
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn], ids=["fp16", "fp8"])
-def test_out_is_written_and_returned(dtype):
-    args = make_case(dtype=dtype, seqlen_new=1, seed=7)
-    expected = run(args)[0]
-    buffer = torch.full_like(expected, 7.0)
-    result = run(args, out=buffer)
-    assert result[0] is buffer and torch.equal(buffer, expected)
-    assert flash_attn_with_kvcache(**clone_args(args), out=buffer) is buffer
 
 
 def test_performance_knobs_change_nothing():

@@ -150,6 +150,18 @@ def clone_args(args: dict) -> dict:
     return {key: val.clone() if isinstance(val, torch.Tensor) else val for key, val in args.items()}
 
 
+def split_cases(keys: int) -> dict:
+    """Calls to split over the keys, by id: ``keys`` is the cache capacity of the long ones (the
+    kernels take 3x the reference's, for several key blocks per split); ``short_keys`` leaves some
+    of three splits without a key."""
+    return {
+        "decode": dict(seqlen_q=1, capacity=2 * keys, seqlen_new=1),
+        "causal_sinks": dict(seqlen_q=4, capacity=keys, causal=True, sinks=True),
+        "window_varlen": dict(seqlen_q=4, capacity=keys, window=(3, 0), varlen_q=True, batch=3),
+        "short_keys": dict(seqlen_q=2, capacity=3, sinks=True, batch=3),
+    }
+
+
 @dataclass(frozen=True)
 class Implementation:
     """A ``flash_attn_with_kvcache`` under test: ``api`` is the package's function, run on ``device``;

@@ -10,7 +10,7 @@ import torch
 import attn_ref
 import kernels
 from kernels.splits import attention_tiles, choose_num_splits
-from kvcache_cases import ON_GPU, clone_args, make_case, run_kernels
+from kvcache_cases import ON_GPU, clone_args, make_case, run_kernels, split_cases
 from test_reference_errors import PACKAGE_CHECKS, UPSTREAM_ORDER, base, message_matches
 from tolerance import assert_lse_close
 
@@ -38,12 +38,7 @@ def test_same_errors_as_the_reference_and_caches_untouched(change, error, messag
     assert all(torch.equal(args[name], before) for name, before in caches.items())
 
 
-SPLIT_CASES = {
-    "decode": dict(seqlen_q=1, capacity=120, seqlen_new=1),
-    "causal_sinks": dict(seqlen_q=4, capacity=60, causal=True, sinks=True),
-    "window_varlen": dict(seqlen_q=4, capacity=60, window=(3, 0), varlen_q=True, batch=3),
-    "short_keys": dict(seqlen_q=2, capacity=3, sinks=True, batch=3),  # some splits hold no key
-}
+SPLIT_CASES = split_cases(keys=60)
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())

@@ -13,7 +13,7 @@ import torch
 
 from attn_ref import flash_attn_with_kvcache, merge_attention_states
 from dense_oracle import logical_cache
-from kvcache_cases import clone_args, make_case
+from kvcache_cases import clone_args, make_case, split_cases
 from tolerance import assert_lse_close
 
 # Spec table 1.1: sglang's parameter order (only_qv between pack_gqa and sm_margin, out last).
@@ -82,12 +82,7 @@ def test_packing_equals_running_apart(causal):
     torch.testing.assert_close(lse, torch.cat((lse_a[0], lse_b[0]), dim=1), rtol=0, atol=0)
 
 
-SPLIT_CASES = {
-    "decode": dict(seqlen_q=1, capacity=40, seqlen_new=1),
-    "causal_sinks": dict(seqlen_q=4, capacity=20, causal=True, sinks=True),
-    "window_varlen": dict(seqlen_q=4, capacity=20, window=(3, 0), varlen_q=True, batch=3),
-    "short_keys": dict(seqlen_q=2, capacity=3, sinks=True, batch=3),  # some splits hold no key
-}
+SPLIT_CASES = split_cases(keys=20)
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())

@@ -5,8 +5,9 @@ random inside its legal range, the way FlashAttention's ``test_flash_attn_kvcach
 of the spec): ``cache_seqlens + new <= capacity``, ``0 <= cache_leftpad <= cache_seqlens``, pages
 shuffled with spare pages left unused, cache rows picked from a larger cache with ``cache_batch_idx``.
 
-:data:`REF` and :data:`KERNELS` are the implementations a feature test takes as its parameter
-(:func:`over` builds the parameter lists), each with its own shape multiplier.
+:data:`REF` and :data:`KERNELS` are the implementations a test takes as its parameter
+(:class:`Implementation`: the function, its device, its shape multiplier); :func:`over` builds the
+parameter lists; :func:`split_cases` is the table of split-KV calls, sized per implementation.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def check(impl, num_splits=0, **case):
     return assert_matches_oracle(impl.fn, make_case(**impl.sized(case)), num_splits=num_splits)
 
 
-@pytest.mark.parametrize("impl, dtype, heads, mask", over([REF], DTYPES, HEADS, MASKS) + over([KERNELS], DTYPES, GQA, MASKS))
+@pytest.mark.parametrize("impl, dtype, heads, mask",
+                         over([REF], DTYPES, HEADS, MASKS) + over([KERNELS], DTYPES, GQA, MASKS))
 def test_dtypes_heads_masks(impl, dtype, heads, mask):
     check(impl, dtype=dtype, heads=heads[0], heads_k=heads[1], seqlen_q=4, seqlen_new=2, capacity=14,
           leftpad=True, descale=True, seed=7, **mask)
@@ -62,7 +63,8 @@ def test_sinks(impl, mask, dtype):
           softcap=3.0 if mask == "chunk" else 0.0, seed=2, **splits, **MASKS[mask])
 
 
-@pytest.mark.parametrize("impl, heads, causal, dtype", over([REF], HEADS, BOOLS, NOT_FP8) + over([KERNELS], GQA, BOOLS, NOT_FP8))
+@pytest.mark.parametrize("impl, heads, causal, dtype",
+                         over([REF], HEADS, BOOLS, NOT_FP8) + over([KERNELS], GQA, BOOLS, NOT_FP8))
 def test_qv(impl, dtype, causal, heads):
     check(impl, dtype=dtype, causal=causal, heads=heads[0], heads_k=heads[1], qv=True, d=16, dv=48, seqlen_new=2,
           seed=3)
@@ -76,8 +78,9 @@ def test_only_qv(impl, dtype, placeholders, page_size):
 
 
 @pytest.mark.parametrize("impl, dtype, mode, rotary_dim, interleaved",
-                         over(BOTH, {"bf16": torch.bfloat16, "fp32": torch.float32}, names("none", "causal", "window", "chunk"),
-                              {"partial": 16, "full": 32}, {"gptj": True, "neox": False}))
+                         over(BOTH, {"bf16": torch.bfloat16, "fp32": torch.float32},
+                              names("none", "causal", "window", "chunk"), {"partial": 16, "full": 32},
+                              {"gptj": True, "neox": False}))
 def test_rotary(impl, interleaved, rotary_dim, mode, dtype):
     check(impl, dtype=dtype, d=32, rotary_dim=rotary_dim, rotary_interleaved=interleaved, seqlen_q=3,
           seqlen_new=3, capacity=16, leftpad=True, seed=6, **MASKS[mode])

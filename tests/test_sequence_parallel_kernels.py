@@ -15,25 +15,15 @@ pytest.importorskip(
     "kernels.sequence_parallel", reason="needs kernels.flash_attn_with_kvcache and kernels.merge_attention_states"
 )
 
-from attn_ref import sequence_parallel as sp  # noqa: E402
+from rank_spawns import spawned_ranks  # noqa: E402
 from test_sequence_parallel_ranks import CASES, check_case, check_error, error_cases, run_rank  # noqa: E402
 import test_sp_backward  # noqa: E402
 
 SPAWN_TIMEOUT_S = 300
 
 
-def _spawn(world: int) -> list[dict]:
-    return sp.launch(run_rank, world, ("kernels", [c.id for c in CASES[world]], world), timeout_s=SPAWN_TIMEOUT_S)
-
-
-@pytest.fixture(scope="module")
-def two_ranks():
-    return _spawn(2)
-
-
-@pytest.fixture(scope="module")
-def four_ranks():
-    return _spawn(4)
+two_ranks = spawned_ranks(run_rank, "kernels", [c.id for c in CASES[2]], 2, SPAWN_TIMEOUT_S)
+four_ranks = spawned_ranks(run_rank, "kernels", [c.id for c in CASES[4]], 4, SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
@@ -66,14 +56,8 @@ def _grad_cases(world: int) -> list:
     return [c for c in test_sp_backward.CASES[world] if c.id in GRAD_CASE_IDS[world]]
 
 
-@pytest.fixture(scope="module")
-def two_ranks_gradients():
-    return sp.launch(test_sp_backward.run_rank, 2, ("kernels", GRAD_CASE_IDS[2], 2), timeout_s=SPAWN_TIMEOUT_S)
-
-
-@pytest.fixture(scope="module")
-def four_ranks_gradients():
-    return sp.launch(test_sp_backward.run_rank, 4, ("kernels", GRAD_CASE_IDS[4], 4), timeout_s=SPAWN_TIMEOUT_S)
+two_ranks_gradients = spawned_ranks(test_sp_backward.run_rank, "kernels", GRAD_CASE_IDS[2], 2, SPAWN_TIMEOUT_S)
+four_ranks_gradients = spawned_ranks(test_sp_backward.run_rank, "kernels", GRAD_CASE_IDS[4], 4, SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)

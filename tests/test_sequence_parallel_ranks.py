@@ -23,6 +23,7 @@ import torch
 import attn_ref
 from attn_ref import sequence_parallel as sp
 from dense_oracle import dense_attention
+from rank_spawns import spawned_ranks
 from tolerance import assert_close_fa, assert_lse_close
 
 #: Global (sharded) sequence length, replicated tokens, batch, head dim.
@@ -441,18 +442,8 @@ def check_collectives(reports: list[dict]) -> None:
         assert torch.equal(view["received"], views[(rank - 1) % world]["x"])
 
 
-def _spawn(world: int) -> list[dict]:
-    return sp.launch(run_rank, world, ("attn_ref", [c.id for c in CASES[world]], world), timeout_s=SPAWN_TIMEOUT_S)
-
-
-@pytest.fixture(scope="module")
-def two_ranks():
-    return _spawn(2)
-
-
-@pytest.fixture(scope="module")
-def four_ranks():
-    return _spawn(4)
+two_ranks = spawned_ranks(run_rank, "attn_ref", [c.id for c in CASES[2]], 2, SPAWN_TIMEOUT_S)
+four_ranks = spawned_ranks(run_rank, "attn_ref", [c.id for c in CASES[4]], 4, SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)

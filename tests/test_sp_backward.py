@@ -24,6 +24,7 @@ import torch
 
 from attn_ref import sequence_parallel as sp
 from dense_oracle import dense_attention
+from rank_spawns import spawned_ranks
 from test_backward_reference import dense_attention_f64
 from test_sequence_parallel_ranks import (
     BATCH, HEAD_DIM, N_REP, SEQ, Case, _full_inputs, _global_sequence, _my_positions, _varlen_lens,
@@ -253,18 +254,8 @@ def check_grads(reports: list[dict], case: GradCase) -> None:
             assert torch.equal(grad, views[0][name]), f"rank {rank} d{name} differs from rank 0's"
 
 
-def _spawn(world: int) -> list[dict]:
-    return sp.launch(run_rank, world, ("attn_ref", [c.id for c in CASES[world]], world), timeout_s=SPAWN_TIMEOUT_S)
-
-
-@pytest.fixture(scope="module")
-def two_ranks():
-    return _spawn(2)
-
-
-@pytest.fixture(scope="module")
-def four_ranks():
-    return _spawn(4)
+two_ranks = spawned_ranks(run_rank, "attn_ref", [c.id for c in CASES[2]], 2, SPAWN_TIMEOUT_S)
+four_ranks = spawned_ranks(run_rank, "attn_ref", [c.id for c in CASES[4]], 4, SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)

@@ -47,7 +47,8 @@ print('attn_ref', versions()['attn_ref_git'])
 p = torch.cuda.get_device_properties(0)
 print(p.name, '| SMs', p.multi_processor_count, '| memory GB', p.total_memory / 1e9, '| cc', p.major, p.minor)"
 step nvidia-smi 20 bash -c "nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE,POWER,TEMPERATURE"
-gpu_tests=(tests/test_kernels_*.py)  # the kernels' tests, plus the kernel-backed sequence-parallel ones
+gpu_tests=(tests/test_kernels_*.py tests/test_kvcache_*.py)  # the kernels' tests (and the feature tests
+# parametrised over both implementations), plus the kernel-backed backward and sequence-parallel ones
 for extra in tests/test_backward_kernels.py tests/test_sequence_parallel_kernels.py; do
   [ -f "$extra" ] && gpu_tests+=("$extra")
 done

@@ -32,8 +32,7 @@ import torch
 
 import attn_ref
 from dense_oracle import assert_matches_oracle
-from kvcache_cases import clone_args
-from test_kernels_kvcache import run_kernels
+from kvcache_cases import clone_args, run_kernels
 from test_reference_errors import base, rotary
 
 I32 = torch.int32

@@ -14,7 +14,6 @@ import torch
 import attn_ref
 from dense_oracle import assert_matches_oracle
 from kvcache_cases import KERNELS, clone_args, make_case, run_kernels
-from kvcache_cases import DEVICE  # noqa: F401  (test_kernels_merge imports it from here)
 
 HEADS = [(4, 4), (6, 2), (5, 1)]  # MHA, GQA with G = 3, MQA with an odd head count
 HEAD_IDS = ["mha", "gqa", "mqa"]

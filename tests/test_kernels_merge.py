@@ -8,7 +8,7 @@ import torch
 
 import attn_ref
 import kernels
-from test_kernels_kvcache import DEVICE
+from kvcache_cases import DEVICE
 from tolerance import assert_lse_close
 
 INF = float("inf")

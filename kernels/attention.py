@@ -34,10 +34,12 @@ decides which by the pointers and strides it passes; the kernel does not know.
 
 **Masks** (bottom-right causal = window ``(left, 0)``, sliding window, chunk) are runtime values, so
 one compiled variant serves every mask; Triton's integer specialisation is switched off for them.
+The mask test and the key range of a tile live in :mod:`kernels.masks`, beside the reference's.
 
 **Block skipping.** Of the key range ``[k0, k1)`` only ``[lo, hi)``, the keys some row of the tile can
-see, is visited. Inside it, ``[full_lo, full_hi)`` holds the keys every row sees: those blocks run
-without any mask (``MASKED=False``); the blocks before and after run masked. So a causal prefill
+see, is visited (:func:`kernels.masks.tile_key_range`). Inside it, ``[full_lo, full_hi)`` holds the
+keys every row sees: those blocks run without any mask (``MASKED=False``); the blocks before and
+after run masked. So a causal prefill
 masks only the diagonal blocks and a decode step masks only its last, partial block.
 
 **Optimisations and their effect** (llm.c style). A row gets a number only from a GPU run, never
@@ -62,17 +64,11 @@ import triton
 import triton.language as tl
 
 from .launch import Launch, compute_dtype, dot_precision, explicit_rounding, next_power_of_2, rotated_q_parts
+from .masks import tile_key_range, visible_keys
 from .numerics import LN2, LOG2E, split_parts, store_as, tanh
 from .paged import token_offsets
 from .rotary import load_rotated
 from .splits import AttentionTiles
-
-
-@triton.jit
-def _chunk_start(x, CHUNK):
-    """``x - (x mod CHUNK)`` with a floor modulo (right for negative ``x`` on every backend)."""
-    r = x % CHUNK
-    return x - tl.where(r < 0, r + CHUNK, r)
 
 
 @triton.jit
@@ -142,14 +138,9 @@ def _attend_key_blocks(
         else:
             t = s * logit_scale
         if MASKED:
-            # Masks are runtime values (one compiled variant for all of them); a switched-off
-            # condition is or-ed with True. Only the few masked blocks pay for it.
-            keys = offs_n[None, :]  # (1, BLOCK_N)
-            left_ok = (keys >= diag[:, None] - window_left) | (window_left < 0)  # (BLOCK_M, BLOCK_N)
-            right_ok = (keys <= diag[:, None] + window_right) | (window_right < 0)
-            chunk_lo = _chunk_start(diag, tl.maximum(chunk, 1))[:, None]  # (BLOCK_M, 1)
-            chunk_ok = ((keys >= chunk_lo) & (keys < chunk_lo + chunk)) | (chunk <= 0)
-            t = tl.where(key_ok[None, :] & left_ok & right_ok & chunk_ok, t, float("-inf"))
+            # The mask test (kernels.masks): only the few masked blocks pay for it.
+            visible = visible_keys(offs_n, diag, window_left, window_right, chunk)  # (BLOCK_M, BLOCK_N)
+            t = tl.where(key_ok[None, :] & visible, t, float("-inf"))
 
         # ---- online softmax update -------------------------------------------------------------
         m_new = tl.maximum(m_i, tl.max(t, 1))  # (BLOCK_M,)
@@ -272,23 +263,8 @@ def _attention_kernel(
         k0 = tl.minimum(split * split_len, seqlen_k)
         k1 = tl.minimum(k0 + split_len, seqlen_k)
         first_row = pid_m * ROWS
-        last_row = tl.minimum(first_row + ROWS, seqlen_q) - 1
-        diag_lo = first_row + seqlen_k - seqlen_q
-        diag_hi = last_row + seqlen_k - seqlen_q
-        lo, hi = k0, k1
-        full_lo, full_hi = k0, k1
-        if window_left >= 0:
-            lo = tl.maximum(lo, diag_lo - window_left)
-            full_lo = tl.maximum(full_lo, diag_hi - window_left)
-        if window_right >= 0:
-            hi = tl.minimum(hi, diag_hi + window_right + 1)
-            full_hi = tl.minimum(full_hi, diag_lo + window_right + 1)
-        if chunk > 0:
-            lo = tl.maximum(lo, _chunk_start(diag_lo, chunk))
-            hi = tl.minimum(hi, _chunk_start(diag_hi, chunk) + chunk)
-            full_lo = tl.maximum(full_lo, _chunk_start(diag_hi, chunk))
-            full_hi = tl.minimum(full_hi, _chunk_start(diag_lo, chunk) + chunk)
-        hi = tl.maximum(hi, lo)
+        lo, hi, full_lo, full_hi = tile_key_range(first_row, tl.minimum(first_row + ROWS, seqlen_q), seqlen_q, seqlen_k,
+                                                  k0, k1, window_left, window_right, chunk)
         # Unmasked blocks: whole BLOCK_N blocks, counted from lo, lying inside [full_lo, full_hi).
         unmasked_start = tl.minimum(lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK_N) * BLOCK_N, hi)
         unmasked_end = unmasked_start + tl.maximum(full_hi - unmasked_start, 0) // BLOCK_N * BLOCK_N

@@ -1,9 +1,9 @@
 """Reference ``flash_attn_with_kvcache``: sglang's FA3 API computed in plain PyTorch, fp32 math.
 
-The call runs in three steps, each a short function below:
+The call runs in three steps, each a short function (the append's in :mod:`attn_ref.append`):
 
 1. :func:`check_kvcache_args` validates everything (nothing is written if it raises);
-2. :func:`append_kv` writes the new keys (rotated) and values into the cache, in place;
+2. :func:`attn_ref.append.append_kv` writes the new keys (rotated) and values into the cache, in place;
 3. :func:`attend` computes, per batch entry, the attention of its query rows over its valid keys
    ``[leftpad, cache_seqlens + new)``, as ``num_splits`` key ranges merged through their LSE.
 """
@@ -17,9 +17,10 @@ import torch
 
 from errors.notes import catalogued
 
+from .append import append_kv
 from .attention import attention_with_lse
 from .merge import merge_attention_states
-from .paged import gather_cache, scatter_cache
+from .paged import gather_cache
 from .rotary import apply_rotary
 from .splits import split_bounds
 from .validation import KVCacheCall, check_kvcache_args
@@ -130,24 +131,6 @@ def flash_attn_with_kvcache(
     if call.return_softmax_lse:
         return result, lse, out_accum, lse_accum
     return result
-
-
-def append_kv(call: KVCacheCall) -> None:
-    """Write new tokens into the cache: ``K[C_i + t] = rot(k_i[t])``, ``V[C_i + t] = v_i[t]``."""
-    if call.k is None:
-        return
-    for i in range(call.batch_size):
-        n = call.new_lens[i]
-        if n == 0:
-            continue
-        k_new, v_new = _rows(call.k, call, i, n, call.new_starts[i]), _rows(call.v, call, i, n, call.new_starts[i])
-        positions = torch.arange(call.cache_seqlens[i], call.cache_seqlens[i] + n)
-        if call.rotary_dim:
-            ro_positions = torch.arange(call.rotary_starts[i], call.rotary_starts[i] + n)
-            k_new = apply_rotary(k_new, call.rotary_cos, call.rotary_sin, ro_positions.to(k_new.device),
-                                 call.rotary_interleaved)
-        scatter_cache(call.k_cache, call.cache_rows[i], positions, k_new, call.page_table)
-        scatter_cache(call.v_cache, call.cache_rows[i], positions, v_new, call.page_table)
 
 
 def attend(call: KVCacheCall):

@@ -14,7 +14,8 @@ conversion); with rotary the rotation runs in fp32 and is rounded once into the 
 Grid: ``(cdiv(T, BLOCK_T), b, h_k)``, ``T`` being k's token axis (``s_new``, or ``total_new`` when
 packed: a static bound on every ``N_i``; programs past ``N_i`` exit); a program moves ``BLOCK_T``
 tokens of one KV head.
-Mirrors :func:`attn_ref.kvcache.append_kv` with :mod:`attn_ref.paged` and :mod:`attn_ref.rotary`.
+Mirrors :mod:`attn_ref.append` (``_append_kv_entry``: one batch entry; ``append_kv``: the loop over
+entries, here the grid) with :mod:`attn_ref.paged` and :mod:`attn_ref.rotary`.
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ import torch
 
 import attn_ref
 from attn_ref import sequence_parallel as sp
-from test_backward_reference import expected_gradients, random_problem
-from tolerance import assert_close_fa
+from test_backward_reference import assert_backward_matches_float64, random_problem
 
 kernels_backward = pytest.importorskip("kernels.backward")
 
@@ -41,14 +40,7 @@ SHAPES = [  # (B, Sq, Sk, H, Hkv, D)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_kernel_matches_float64_autograd(shape, dtype, causal):
-    q, k, v, dout, dlse = random_problem(shape, dtype, sum(shape) + causal)
-    scale = q.shape[-1] ** -0.5
-    out, lse = sp.REFERENCE_BACKEND.attend_forward(q, k, v, scale, causal)
-    grads = kernels_backward.attention_backward(dout, q, k, v, out, lse, scale, causal, dlse)
-    ref, lowp = expected_gradients(q, k, v, dout, dlse, scale, causal)
-    for name, grad, grad_ref, grad_lowp in zip("qkv", grads, ref, lowp):
-        assert grad.dtype == dtype, name
-        assert_close_fa(grad, grad_ref, grad_lowp)
+    assert_backward_matches_float64(kernels_backward.attention_backward, shape, dtype, causal, sum(shape) + causal)
 
 
 @pytest.mark.parametrize("with_dlse", [False, True], ids=["no-dlse", "dlse"])

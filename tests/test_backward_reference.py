@@ -100,10 +100,16 @@ def random_problem(shape, dtype, seed):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_low_precision_matches_float64_autograd(dtype, causal):
-    q, k, v, dout, dlse = random_problem((2, 24, 40, 4, 2, 32), dtype, 7 + causal)
+    assert_backward_matches_float64(attn_ref.attention_backward, (2, 24, 40, 4, 2, 32), dtype, causal, 7 + causal)
+
+
+def assert_backward_matches_float64(attention_backward, shape, dtype, causal, seed):
+    """``attention_backward`` (either implementation) from the saved forward state: gradients in the
+    input dtype, each within FA's rule of the float64 autograd gradient (``shape`` as random_problem)."""
+    q, k, v, dout, dlse = random_problem(shape, dtype, seed)
     scale = q.shape[-1] ** -0.5
     out, lse = sp.REFERENCE_BACKEND.attend_forward(q, k, v, scale, causal)
-    grads = attn_ref.attention_backward(dout, q, k, v, out, lse, scale, causal, dlse)
+    grads = attention_backward(dout, q, k, v, out, lse, scale, causal, dlse)
     ref, lowp = expected_gradients(q, k, v, dout, dlse, scale, causal)
     for name, grad, grad_ref, grad_lowp in zip("qkv", grads, ref, lowp):
         assert grad.dtype == dtype, name

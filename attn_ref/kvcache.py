@@ -120,10 +120,14 @@ def flash_attn_with_kvcache(
         (varlen: ``(n, h, total_q, dv)`` / ``(n, h, total_q)``) when ``n > 1`` splits ran, else None.
     """
     call = check_kvcache_args(
-        q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-        cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
-        q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
-        softcap, rotary_interleaved, num_splits, only_qv, sinks, out, ver, return_softmax_lse,
+        q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+        page_table=page_table, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
+        max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        attention_chunk=attention_chunk, softcap=softcap, rotary_interleaved=rotary_interleaved,
+        num_splits=num_splits, only_qv=only_qv, sinks=sinks, out=out, ver=ver,
+        return_softmax_lse=return_softmax_lse,
     )
     with torch.no_grad():  # not differentiable (as FA3's kvcache op): inputs that require grad are just read
         append_kv(call)

@@ -7,7 +7,7 @@ For batch entry ``i`` with ``N_i`` new tokens starting at absolute cache positio
     V_cache(row_i, C_i + t) = v_new_i[t]
 
 ``k_new_i[t]`` is ``k[i, t]`` or, packed with ``cu_seqlens_k_new``, ``k[new_start_i + t]``; ``P0_i`` is
-``rotary_seqlens[i]`` or ``C_i``. Positions go through :func:`kernels.paged.token_offsets`, so one
+``rotary_seqlens[i]`` or ``C_i``. Positions go through :func:`kernels.paged.cache_slots`, so one
 kernel serves contiguous and paged caches. Without rotary the values are copied bit for bit (no
 conversion); with rotary the rotation runs in fp32 and is rounded once into the cache dtype.
 
@@ -27,14 +27,14 @@ from attn_ref.validation import KVCacheCall
 
 from .launch import Launch, next_power_of_2, explicit_rounding
 from .numerics import store_as
-from .paged import token_offsets
-from .rotary import load_rotated
+from .paged import cache_slots
+from .rotary import apply_rotary
 
 
 # No integer specialisation for the new tokens' strides and the small tables (see kernels.attention).
 @triton.jit(do_not_specialize=["stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
                                "stride_table", "page_size", "stride_rotary", "rotary_dim"])
-def _append_kv_kernel(
+def _append_kv_entry_kernel(
     k_ptr,  # (b, s_new, h_k, d) or (total_new, h_k, d): new keys
     v_ptr,  # (b, s_new, h_k, dv) or (total_new, h_k, dv): new values
     k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
@@ -70,9 +70,9 @@ def _append_kv_kernel(
         new_row = (tl.load(new_starts_ptr + batch) + offs_t).to(tl.int64)  # (BLOCK_T,) row in k/v
         cache_row = tl.load(cache_rows_ptr + batch)
         positions = tl.load(cache_seqlens_ptr + batch) + offs_t  # (BLOCK_T,) C_i + t
-        slots = token_offsets(positions, token_ok, cache_row, page_table_ptr, stride_table,
+        slots = cache_slots(positions, token_ok, cache_row, page_table_ptr, stride_table,
                               stride_kc_major, stride_kc_minor, page_size, PAGED)  # (BLOCK_T,) int64
-        v_slots = token_offsets(positions, token_ok, cache_row, page_table_ptr, stride_table,
+        v_slots = cache_slots(positions, token_ok, cache_row, page_table_ptr, stride_table,
                                 stride_vc_major, stride_vc_minor, page_size, PAGED)  # (BLOCK_T,) int64
         batch64, head64 = batch.to(tl.int64), head.to(tl.int64)
 
@@ -83,7 +83,7 @@ def _append_kv_kernel(
         k_dst = k_cache_ptr + slots[:, None] + head64 * stride_kc_h + offs_d[None, :]  # (BLOCK_T, BLOCK_D)
         if ROTARY:
             ro_positions = tl.load(rotary_starts_ptr + batch) + offs_t  # (BLOCK_T,) P0_i + t
-            k_new = load_rotated(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
+            k_new = apply_rotary(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
                                  rotary_dim, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
             store_as(k_dst, k_new, k_mask, ROUND_TO)
         else:
@@ -97,7 +97,7 @@ def _append_kv_kernel(
         tl.store(v_dst, tl.load(v_src, mask=v_mask), mask=v_mask)
 
 
-def plan_append(call: KVCacheCall, meta: dict) -> Launch | None:
+def plan_append_kv(call: KVCacheCall, meta: dict) -> Launch | None:
     """The append launch for a validated call (None when there is nothing to append).
 
     ``meta`` holds the per-batch int32 tensors built by :func:`kernels.kvcache.batch_metadata`.
@@ -131,5 +131,5 @@ def plan_append(call: KVCacheCall, meta: dict) -> Launch | None:
     )
     # Token blocks from k's token axis (a static bound on every N_i; programs past N_i exit at once).
     grid = (triton.cdiv(k.shape[0] if packed else k.shape[1], block_t), call.batch_size, call.num_heads_k)
-    return Launch(_append_kv_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
+    return Launch(_append_kv_entry_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
                   dummy_device=kc.device)

@@ -66,8 +66,8 @@ import triton.language as tl
 from .launch import Launch, compute_dtype, dot_precision, explicit_rounding, next_power_of_2, rotated_q_parts
 from .masks import tile_key_range, visible_keys
 from .numerics import LN2, LOG2E, split_parts, store_as, tanh
-from .paged import token_offsets
-from .rotary import load_rotated
+from .paged import cache_slots
+from .rotary import apply_rotary
 from .splits import AttentionTiles
 
 
@@ -111,9 +111,9 @@ def _attend_key_blocks(
         else:
             key_ok = tl.full((BLOCK_N,), 1, tl.int1)  # the block lies inside [k0, k1): no mask
         positions = leftpad + offs_n  # (BLOCK_N,) cache positions L_b + j
-        k_slots = token_offsets(positions, key_ok, cache_row, page_table_ptr, stride_table,
+        k_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
                                 stride_kc_major, stride_kc_minor, page_size, PAGED)  # (BLOCK_N,) int64
-        v_slots = token_offsets(positions, key_ok, cache_row, page_table_ptr, stride_table,
+        v_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
                                 stride_vc_major, stride_vc_minor, page_size, PAGED)  # (BLOCK_N,) int64
         v = tl.load(v_cache_ptr + v_slots[:, None] + offs_dv[None, :],
                     mask=key_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_DV)
@@ -161,7 +161,7 @@ def _attend_key_blocks(
     "stride_descale", "stride_qb", "stride_qt", "stride_qh", "stride_qvb", "stride_qvt", "stride_qvh",
     "stride_os", "stride_ob", "stride_oh", "stride_ot", "stride_ls", "stride_lb", "stride_lh", "stride_lt",
 ])
-def _attention_kernel(
+def _attention_with_lse_kernel(
     q_ptr,  # (b, sq, h, d) or (total_q, h, d)
     qv_ptr,  # (b, sq, h, dv) or (total_q, h, dv) (HAS_QV or ONLY_QV only)
     k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
@@ -236,7 +236,7 @@ def _attention_kernel(
                     ro_positions = ro_start + 0 * rows  # every row at P0
                 else:
                     ro_positions = ro_start + rows  # row i at P0 + i
-                q_rotated = load_rotated(q_rows, offs_d, q_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
+                q_rotated = apply_rotary(q_rows, offs_d, q_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
                                          rotary_dim, INTERLEAVED)  # (BLOCK_M, BLOCK_D) fp32
                 q, q_mid, q_lo = split_parts(q_rotated, COMPUTE_DTYPE, Q_PARTS)
             else:
@@ -368,7 +368,7 @@ def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_s
         ROUND_TO=explicit_rounding(out.dtype), Q_PARTS=rotated_q_parts(q.dtype) if rotary else 1,
     )
     grid = (m_blocks, call.batch_size * call.num_heads_k, num_splits)
-    return Launch(_attention_kernel, grid, args, constexprs, num_warps=tiles.num_warps,
+    return Launch(_attention_with_lse_kernel, grid, args, constexprs, num_warps=tiles.num_warps,
                   num_stages=tiles.num_stages, dummy_device=vc.device)
 
 

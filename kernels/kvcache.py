@@ -43,7 +43,7 @@ import torch
 from attn_ref.validation import BATCH_FIELDS, KVCacheCall, check_kvcache_args
 from errors.notes import catalogued
 
-from .append import plan_append
+from .append import plan_append_kv
 from .attention import plan_attention
 from .host_checks import value_checks_enabled
 from .launch import num_sms
@@ -102,11 +102,14 @@ def flash_attn_with_kvcache(
     """
     device = v_cache.device if isinstance(v_cache, torch.Tensor) else torch.device("cpu")
     call = check_kvcache_args(
-        q, k_cache, v_cache, k, v, qv, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-        cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens,
-        q_descale, k_descale, v_descale, softmax_scale, causal, window_size, attention_chunk,
-        softcap, rotary_interleaved, num_splits, only_qv, sinks, out, ver, return_softmax_lse,
-        value_checks=value_checks_enabled(device),
+        q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+        page_table=page_table, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
+        max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        attention_chunk=attention_chunk, softcap=softcap, rotary_interleaved=rotary_interleaved,
+        num_splits=num_splits, only_qv=only_qv, sinks=sinks, out=out, ver=ver,
+        return_softmax_lse=return_softmax_lse, value_checks=value_checks_enabled(device),
     )
     with torch.no_grad():  # not differentiable, as the reference
         launches, (result, lse, out_accum, lse_accum) = plan_kvcache(call)
@@ -132,7 +135,7 @@ def plan_kvcache(call: KVCacheCall):
     """
     call = _kernel_ready(call)
     meta = batch_metadata(call)
-    append = plan_append(call, meta)
+    append = plan_append_kv(call, meta)
     launches, results = plan_attend(call, meta)
     return ([append] if append is not None else []) + launches, results
 

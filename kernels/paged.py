@@ -6,7 +6,7 @@ Logical position ``p`` of cache row ``r`` lives at
 * paged cache ``(num_pages, P, h_k, dim)``: ``cache[page_table[r, p // P], p % P]``, the page id
   loaded from the table for every position (so any page size works, pages in any order).
 
-:func:`token_offsets` returns the int64 element offset of each token's ``[..., head 0, channel 0]``;
+:func:`cache_slots` returns the int64 element offset of each token's ``[..., head 0, channel 0]``;
 int64 because ``num_pages * P * h_k * dim`` overflows int32 for large caches. Masked-off positions
 read page 0 from the table and get an offset that must not be dereferenced (the loads are masked).
 The offsets are deliberately not zeroed with ``tl.where``: a select hides their divisibility by 16
@@ -18,7 +18,7 @@ import triton.language as tl
 
 
 @triton.jit
-def token_offsets(
+def cache_slots(
     positions,  # (N,) int32: logical positions p in cache row `row`
     mask,  # (N,) bool: positions to address (the offsets of the others are meaningless)
     row,  # int32 scalar: cache row r (contiguous) or page-table row (paged)

@@ -20,7 +20,7 @@ import triton.language as tl
 
 
 @triton.jit
-def load_rotated(
+def apply_rotary(
     row_ptrs,  # (R, 1) pointers to channel 0 of each token
     offs_d,  # (BLOCK_D,) channel indices
     mask,  # (R, BLOCK_D) bool: elements to load

@@ -27,12 +27,17 @@ that sees no key (``lse = -inf``) has ``P = 0`` and gets zero gradients.
 
 The arithmetic is fp32 for fp16/bf16/fp32 inputs (float64 for float64 inputs, so that
 ``torch.autograd.gradcheck`` can check it), with bounded memory: query rows are processed in chunks
-as in the forward. :func:`kernels.backward.attention_backward` is the Triton twin (same signature).
+as in the forward, so no score tensor has more than :data:`~attn_ref.attention.MAX_SCORE_ELEMENTS`
+entries. The pieces have the names of their Triton twins in :mod:`kernels.backward` (same signature
+for :func:`attention_backward`), in FlashAttention-2's arrangement: :func:`_preprocess` (``D``),
+:func:`_dkdv` (``dK``, ``dV``) and :func:`_dq` (``dQ``), each recomputing ``P`` with
+:func:`_probabilities` and ``dS`` with :func:`_dscores`. Inside, query and output tensors are viewed
+by KV head, ``[B, Sq, Hkv, G, ·]`` with ``G = H / Hkv``, so a KV head's query heads sit on one axis.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -41,15 +46,8 @@ from .masks import visible_keys
 
 
 def attention_backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    softmax_scale: float,
-    causal: bool = False,
-    dlse: Optional[torch.Tensor] = None,
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
     grad_dtype: Optional[torch.dtype] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of q, k, v for attention of ``q`` over all of ``k``/``v`` (see the module docstring).
@@ -67,37 +65,96 @@ def attention_backward(
         ``(dq [B, Sq, H, D], dk [B, Sk, Hkv, D], dv [B, Sk, Hkv, Dv])``.
     """
     work = torch.promote_types(q.dtype, torch.float32)
-    b, sq, h, d = q.shape
-    sk, h_k, dv_dim = v.shape[1], v.shape[2], v.shape[3]
-    g = h // h_k
-    qf = q.to(work).view(b, sq, h_k, g, d)
-    kf, vf = k.to(work), v.to(work)
-    do = dout.to(work).view(b, sq, h_k, g, dv_dim)
-    delta = (do * out.to(work).view(b, sq, h_k, g, dv_dim)).sum(-1)  # D_i: [B, Sq, Hkv, G]
-    if dlse is not None:
-        delta = delta - dlse.to(work).view(b, sq, h_k, g)
-    lse_w = lse.to(work).view(b, sq, h_k, g)
-    lse_w = torch.where(torch.isinf(lse_w), torch.zeros_like(lse_w), lse_w)  # no visible key: P = e^{-inf} = 0
+    group = q.shape[2] // k.shape[2]
 
-    dq = torch.empty_like(qf)
-    dk = torch.zeros_like(kf)
-    dv = torch.zeros_like(vf)
-    rows_per_chunk = max(1, MAX_SCORE_ELEMENTS // max(1, b * h * sk))
-    for r0 in range(0, sq, rows_per_chunk):
-        r1 = min(sq, r0 + rows_per_chunk)
-        q_r, do_r = qf[:, r0:r1], do[:, r0:r1]
-        # P_ij = exp(ℓ_ij - lse_i), [B, Hkv, G, rows, Sk]; 0 where masked
-        logits = torch.einsum("brkgd,bnkd->bkgrn", q_r, kf).mul_(softmax_scale)
-        visible = visible_keys(sq, sk, causal, device=q.device, row_start=r0, row_end=r1)
-        logits.masked_fill_(~visible, float("-inf"))
-        p = logits.sub_(lse_w[:, r0:r1].permute(0, 2, 3, 1)[..., None]).exp_()
-        dv += torch.einsum("bkgrn,brkgd->bnkd", p, do_r)
-        dp = torch.einsum("brkgd,bnkd->bkgrn", do_r, vf)
-        ds = p.mul_(dp.sub_(delta[:, r0:r1].permute(0, 2, 3, 1)[..., None]))  # dS = P (dP - D), over p
-        dq[:, r0:r1] = torch.einsum("bkgrn,bnkd->brkgd", ds, kf).mul_(softmax_scale)
-        dk += torch.einsum("bkgrn,brkgd->bnkd", ds, q_r).mul_(softmax_scale)
-    return (
-        dq.view(b, sq, h, d).to(grad_dtype or q.dtype),
-        dk.to(grad_dtype or k.dtype),
-        dv.to(grad_dtype or v.dtype),
-    )
+    def by_kv_head(x):  # [B, Sq, H, ...] -> [B, Sq, Hkv, G, ...] in the working dtype
+        return x.to(work).unflatten(2, (-1, group))
+
+    q_w, dout_w, lse_w = by_kv_head(q), by_kv_head(dout), by_kv_head(lse)
+    delta = _preprocess(by_kv_head(out), dout_w, None if dlse is None else by_kv_head(dlse))
+    k_w, v_w = k.to(work), v.to(work)
+    dk, dv = _dkdv(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, causal)
+    dq = _dq(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, causal)
+    return dq.flatten(2, 3).to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype), dv.to(grad_dtype or v.dtype)
+
+
+def _preprocess(out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tensor]) -> torch.Tensor:
+    """``D_i = dO_i · out_i - dlse_i`` (no ``dlse`` term when ``dlse`` is None), ``[B, Sq, Hkv, G]``.
+
+    ``out``, ``dout``: ``[B, Sq, Hkv, G, Dv]``; ``dlse``: ``[B, Sq, Hkv, G]``. ``D_i = Σ_j P_ij dP_ij``
+    is the one row-level quantity of the backward: the ``dS`` of every key block subtracts it.
+    """
+    delta = (dout * out).sum(-1)
+    if dlse is not None:
+        delta = delta - dlse
+    return delta
+
+
+def _dkdv(q, k, v, dout, lse, delta, softmax_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dK [B, Sk, Hkv, D]`` and ``dV [B, Sk, Hkv, Dv]`` of every key, over all query rows.
+
+    ``dV_j = Σ_i P_ij dO_i`` and ``dK_j = scale · Σ_i dS_ij q_i``, the sums running over the rows and
+    over the ``G`` query heads of each KV head (GQA). ``q [B, Sq, Hkv, G, D]``, ``k [B, Sk, Hkv, D]``,
+    ``v [B, Sk, Hkv, Dv]``, ``dout [B, Sq, Hkv, G, Dv]``, ``lse``, ``delta`` ``[B, Sq, Hkv, G]``; the
+    rows are taken in chunks (:func:`_row_chunks`), as the kernel takes them in blocks of ``BLOCK_M``.
+    """
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    for r0, r1 in _row_chunks(q, k):
+        q_r, do_r = q[:, r0:r1], dout[:, r0:r1]  # [B, rows, Hkv, G, D], [B, rows, Hkv, G, Dv]
+        lse_r, delta_r = _row_stats(lse, delta, r0, r1)
+        p = _probabilities(q_r, k, lse_r, r0, q.shape[1], softmax_scale, causal)  # [B, Hkv, G, rows, Sk]
+        dv += torch.einsum("bkgrn,brkgd->bnkd", p, do_r)  # dV = Pᵀ dO, summed over G
+        ds = _dscores(p, do_r, v, delta_r)
+        dk += torch.einsum("bkgrn,brkgd->bnkd", ds, q_r)  # dK = dSᵀ Q (· scale), summed over G
+    return dk.mul_(softmax_scale), dv
+
+
+def _dq(q, k, v, dout, lse, delta, softmax_scale: float, causal: bool) -> torch.Tensor:
+    """``dQ_i = scale · Σ_j dS_ij k_j`` over all keys, ``[B, Sq, Hkv, G, D]`` (arguments as :func:`_dkdv`).
+
+    Each chunk of rows is finished on its own: its ``P`` and ``dS`` over every key give its ``dQ``,
+    as a kernel program finishes its ``BLOCK_M`` rows by looping over the key blocks.
+    """
+    dq = torch.empty_like(q)
+    for r0, r1 in _row_chunks(q, k):
+        lse_r, delta_r = _row_stats(lse, delta, r0, r1)
+        p = _probabilities(q[:, r0:r1], k, lse_r, r0, q.shape[1], softmax_scale, causal)  # [B, Hkv, G, rows, Sk]
+        ds = _dscores(p, dout[:, r0:r1], v, delta_r)
+        dq[:, r0:r1] = torch.einsum("bkgrn,bnkd->brkgd", ds, k).mul_(softmax_scale)  # dQ = dS K · scale
+    return dq
+
+
+def _row_chunks(q: torch.Tensor, k: torch.Tensor) -> Iterator[tuple[int, int]]:
+    """``(r0, r1)`` ranges of query rows whose scores ``[B, H, rows, Sk]`` stay within ``MAX_SCORE_ELEMENTS``."""
+    b, sq, h_k, g = q.shape[:4]
+    rows = max(1, MAX_SCORE_ELEMENTS // max(1, b * h_k * g * k.shape[1]))
+    return ((r0, min(sq, r0 + rows)) for r0 in range(0, sq, rows))
+
+
+def _row_stats(lse: torch.Tensor, delta: torch.Tensor, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """LSE (infinite read as 0: a row with no visible key has ``P = 0`` anyway) and ``D`` of rows
+    ``r0:r1``, each ``[B, Hkv, G, rows, 1]`` (from ``[B, Sq, Hkv, G]``), to broadcast over the keys."""
+    lse_r, delta_r = (x[:, r0:r1].permute(0, 2, 3, 1)[..., None] for x in (lse, delta))
+    return torch.where(torch.isinf(lse_r), torch.zeros_like(lse_r), lse_r), delta_r
+
+
+def _probabilities(q, k, lse, row_start: int, seqlen_q: int, softmax_scale: float, causal: bool) -> torch.Tensor:
+    """``P_ij = exp(scale · q_i·k_j - lse_i)`` ``[B, Hkv, G, rows, Sk]`` of rows ``row_start ..``, 0 where masked.
+
+    ``q [B, rows, Hkv, G, D]`` (rows ``row_start .. row_start + rows - 1`` of ``seqlen_q``),
+    ``k [B, Sk, Hkv, D]``, ``lse [B, Hkv, G, rows, 1]`` from :func:`_row_stats`.
+    """
+    logits = torch.einsum("brkgd,bnkd->bkgrn", q, k).mul_(softmax_scale)
+    row_end = row_start + q.shape[1]
+    visible = visible_keys(seqlen_q, k.shape[1], causal, device=q.device, row_start=row_start, row_end=row_end)
+    return logits.masked_fill_(~visible, float("-inf")).sub_(lse).exp_()
+
+
+def _dscores(p: torch.Tensor, dout: torch.Tensor, v: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """``dS_ij = P_ij (dP_ij - D_i)`` with ``dP_ij = dO_i · v_j``, ``[B, Hkv, G, rows, Sk]``, written over ``p``.
+
+    ``p [B, Hkv, G, rows, Sk]``, ``dout [B, rows, Hkv, G, Dv]``, ``v [B, Sk, Hkv, Dv]``,
+    ``delta [B, Hkv, G, rows, 1]``.
+    """
+    dp = torch.einsum("brkgd,bnkd->bkgrn", dout, v)
+    return p.mul_(dp.sub_(delta))

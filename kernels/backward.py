@@ -18,6 +18,10 @@ Three kernels, in FlashAttention-2's arrangement:
 3. ``_dq_kernel``: one program per block of ``BLOCK_M`` query rows of one (batch, head); it loops over
    the key blocks the rows can see and accumulates ``dQ`` in fp32.
 
+Both gradient kernels start from :func:`_head_pointers` (where a query head and its KV head start),
+read tiles with :func:`_load_rows` and recompute ``P`` and ``dS`` with :func:`_probabilities` and
+:func:`_dscores`, the twins of the reference's pieces of the same names (:mod:`attn_ref.backward`).
+
 ``causal`` is bottom-right aligned (row ``i`` sees keys ``j <= i + Sk - Sq``); query blocks before
 a key block's first visible row and key blocks after a query block's last visible key are skipped.
 Probabilities and ``dS`` enter their matmuls in the tiles' dtype (fp16/bf16, as FlashAttention does;
@@ -39,35 +43,79 @@ from .numerics import LOG2E
 
 @triton.jit(do_not_specialize=["seqlen_q"])
 def _preprocess_kernel(
-    out_ptr, dout_ptr, dlse_ptr,  # [B, Sq, H, Dv], [B, Sq, H, Dv], [B, Sq, H] (or unused)
+    out_ptr, stride_ob, stride_os, stride_oh,  # [B, Sq, H, Dv]
+    dout_ptr, stride_db, stride_ds, stride_dh,  # [B, Sq, H, Dv]
+    dlse_ptr, stride_lb, stride_ls, stride_lh,  # [B, Sq, H] fp32 (unused unless HAS_DLSE)
     delta_ptr,  # [B, H, Sq] fp32 output
     seqlen_q, nheads,
-    stride_ob, stride_os, stride_oh,
-    stride_db, stride_ds, stride_dh,
-    stride_lb, stride_ls, stride_lh,
     DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
+    """``D_i = dO_i · out_i - dlse_i`` of ``BLOCK_M`` rows of one (batch, head)."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = (pid_bh // nheads).to(tl.int64), (pid_bh % nheads).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-    offs_d = tl.arange(0, BLOCK_DV)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
+    o = _load_rows(out_ptr + b * stride_ob + h * stride_oh, offs_m, seqlen_q, stride_os, DV, BLOCK_DV,
+                   tl.float32)  # (BLOCK_M, BLOCK_DV)
+    do = _load_rows(dout_ptr + b * stride_db + h * stride_dh, offs_m, seqlen_q, stride_ds, DV, BLOCK_DV,
+                    tl.float32)  # (BLOCK_M, BLOCK_DV)
+    delta = tl.sum(o * do, axis=1)  # (BLOCK_M,) D_i = dO_i · out_i
     row_mask = offs_m < seqlen_q
-    mask = row_mask[:, None] & (offs_d[None, :] < DV)
-    o = tl.load(out_ptr + b * stride_ob + offs_m[:, None] * stride_os + h * stride_oh + offs_d[None, :],
-                mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(dout_ptr + b * stride_db + offs_m[:, None] * stride_ds + h * stride_dh + offs_d[None, :],
-                 mask=mask, other=0.0).to(tl.float32)
-    delta = tl.sum(o * do, axis=1)  # D_i = dO_i · out_i
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + b * stride_lb + offs_m * stride_ls + h * stride_lh, mask=row_mask, other=0.0)
     tl.store(delta_ptr + pid_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=row_mask)
 
 
 @triton.jit
+def _head_pointers(
+    q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh,  # [B, Sq, H, D], [B, Sk, Hkv, D]
+    v_ptr, stride_vb, stride_vh, dout_ptr, stride_dob, stride_doh,  # [B, Sk, Hkv, Dv], [B, Sq, H, Dv]
+    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
+    b, h, nheads, seqlen_q, GROUP: tl.constexpr,
+):
+    """Where query head ``h`` of batch entry ``b`` and its KV head ``h // GROUP`` start: the ``[Sq, D]``
+    view of q, ``[Sk, D]`` of k, ``[Sk, Dv]`` of v, ``[Sq, Dv]`` of dO (rows at the inputs' strides)
+    and the ``[Sq]`` rows of lse and D; both backward kernels read their tiles from these."""
+    hk = h // GROUP
+    stats = (b * nheads + h) * seqlen_q
+    return (q_ptr + b * stride_qb + h * stride_qh, k_ptr + b * stride_kb + hk * stride_kh,
+            v_ptr + b * stride_vb + hk * stride_vh, dout_ptr + b * stride_dob + h * stride_doh,
+            lse_ptr + stats, delta_ptr + stats)
+
+
+@triton.jit
+def _load_rows(ptr, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr, DTYPE: tl.constexpr):
+    """Rows ``offs`` (BLOCK, BLOCK_D) of a ``[S, D]`` view (stride ``stride_s``), 0 out of bounds."""
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
+    return tl.load(ptr + offs[:, None] * stride_s + offs_d[None, :], mask=mask, other=0.0).to(DTYPE)
+
+
+@triton.jit
+def _store_rows(ptr, x, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store ``x`` (BLOCK, BLOCK_D) as rows ``offs`` of a ``[S, D]`` view (stride ``stride_s``), in bounds."""
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
+    tl.store(ptr + offs[:, None] * stride_s + offs_d[None, :], x, mask=mask)
+
+
+@triton.jit
+def _row_stats(lse_ptr, delta_ptr, offs_m, seqlen_q):
+    """Saved LSE (``-inf`` read as 0: its row has ``P = 0`` anyway) and ``D`` of rows ``offs_m``, (BLOCK_M,) each."""
+    row_mask = offs_m < seqlen_q
+    lse = tl.load(lse_ptr + offs_m, mask=row_mask, other=0.0)
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
+    return lse, tl.load(delta_ptr + offs_m, mask=row_mask, other=0.0)
+
+
+@triton.jit
 def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, CAUSAL: tl.constexpr,
                    PRECISION: tl.constexpr):
-    """``P`` (BLOCK_M, BLOCK_N) fp32 of q rows ``offs_m`` over keys ``offs_n`` (0 where masked)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    """``P`` (BLOCK_M, BLOCK_N) fp32 of q rows ``offs_m`` over keys ``offs_n`` (0 where masked).
+
+    ``q`` (BLOCK_M, BLOCK_D), ``k`` (BLOCK_N, BLOCK_D), ``lse`` (BLOCK_M,) natural log; ``qk_scale`` is
+    ``softmax_scale · log2 e``, so ``P = exp2(s · qk_scale - lse · log2 e)``.
+    """
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
     visible = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
     if CAUSAL:
         visible &= offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q)
@@ -75,43 +123,31 @@ def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, CAUS
 
 
 @triton.jit
-def _load_rows(ptr, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr, DTYPE: tl.constexpr):
-    """Rows ``offs`` (BLOCK, BLOCK_D) of a ``[S, D]`` view (stride ``stride_s``), 0 out of bounds."""
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
-    return tl.load(ptr + offs[:, None] * stride_s + offs_d[None, :], mask=mask, other=0.0).to(DTYPE)
-
-
-@triton.jit
-def _row_stats(lse_ptr, delta_ptr, offs_m, seqlen_q):
-    """Saved LSE (``-inf`` read as 0: its row has ``P = 0`` anyway) and ``D`` of rows ``offs_m``."""
-    row_mask = offs_m < seqlen_q
-    lse = tl.load(lse_ptr + offs_m, mask=row_mask, other=0.0)
-    lse = tl.where(lse == float("-inf"), 0.0, lse)
-    return lse, tl.load(delta_ptr + offs_m, mask=row_mask, other=0.0)
+def _dscores(p, do, v, delta, PRECISION: tl.constexpr):
+    """``dS = P (dP - D)`` (BLOCK_M, BLOCK_N) fp32 with ``dP = dO Vᵀ``: ``p`` (BLOCK_M, BLOCK_N),
+    ``do`` (BLOCK_M, BLOCK_DV), ``v`` (BLOCK_N, BLOCK_DV), ``delta`` (BLOCK_M,)."""
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
+    return p * (dp - delta[:, None])
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
 def _dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, dout_ptr,  # [B, Sq, H, D], [B, Sk, Hkv, D], [B, Sk, Hkv, Dv], [B, Sq, H, Dv]
+    q_ptr, stride_qb, stride_qs, stride_qh,  # [B, Sq, H, D]
+    k_ptr, stride_kb, stride_ks, stride_kh,  # [B, Sk, Hkv, D]
+    v_ptr, stride_vb, stride_vs, stride_vh,  # [B, Sk, Hkv, Dv]
+    dout_ptr, stride_dob, stride_dos, stride_doh,  # [B, Sq, H, Dv]
     lse_ptr, delta_ptr,  # [B, H, Sq] fp32
-    dk_ptr, dv_ptr,  # [B, Sk, Hkv, D], [B, Sk, Hkv, Dv] fp32 outputs
+    dk_ptr, stride_dkb, stride_dks, stride_dkh,  # [B, Sk, Hkv, D] fp32 output
+    dv_ptr, stride_dvb, stride_dvs, stride_dvh,  # [B, Sk, Hkv, Dv] fp32 output
     seqlen_q, seqlen_k, softmax_scale, nheads_k,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_dob, stride_dos, stride_doh,
-    stride_dkb, stride_dks, stride_dkh,
-    stride_dvb, stride_dvs, stride_dvh,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    """``dK``, ``dV`` of ``BLOCK_N`` keys of one (batch, KV head), summed over its ``GROUP`` query heads."""
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     b, hk = (pid_bh // nheads_k).to(tl.int64), (pid_bh % nheads_k).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = _load_rows(k_ptr + b * stride_kb + hk * stride_kh, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)
-    v = _load_rows(v_ptr + b * stride_vb + hk * stride_vh, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     m_start = 0
@@ -119,69 +155,61 @@ def _dkdv_kernel(
         m_start = (tl.maximum(pid_n * BLOCK_N - (seqlen_k - seqlen_q), 0) // BLOCK_M) * BLOCK_M
     qk_scale = softmax_scale * LOG2E
     for g in range(GROUP):  # the query heads of this KV head (GQA): dK/dV sum over them
-        h = hk * GROUP + g
-        q_base = q_ptr + b * stride_qb + h * stride_qh
-        do_base = dout_ptr + b * stride_dob + h * stride_doh
-        stats = (b * nheads_k * GROUP + h) * seqlen_q
+        q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
+            q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh, v_ptr, stride_vb, stride_vh,
+            dout_ptr, stride_dob, stride_doh, lse_ptr, delta_ptr, b, hk * GROUP + g, nheads_k * GROUP, seqlen_q, GROUP)
+        # the same k, v tiles for every g: one load per query head, beside the Sq / BLOCK_M q tiles it streams
+        k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
+        v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
         for m0 in range(m_start, seqlen_q, BLOCK_M):
-            offs_m = m0 + tl.arange(0, BLOCK_M)
-            q = _load_rows(q_base, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)
-            do = _load_rows(do_base, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)
-            lse, delta = _row_stats(lse_ptr + stats, delta_ptr + stats, offs_m, seqlen_q)
+            offs_m = m0 + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
+            q = _load_rows(q_head, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
+            do = _load_rows(do_head, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
+            lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
             p = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, CAUSAL, PRECISION)
             dv += tl.dot(tl.trans(p.to(DTYPE)), do, input_precision=PRECISION)  # dV = Pᵀ dO
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dP = dO Vᵀ
-            ds = p * (dp - delta[:, None])  # dS = P (dP - D)
+            ds = _dscores(p, do, v, delta, PRECISION)
             dk += tl.dot(tl.trans(ds.to(DTYPE)), q, input_precision=PRECISION)  # dK = dSᵀ Q (· scale)
-    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-    n_mask = offs_n[:, None] < seqlen_k
-    tl.store(dk_ptr + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
-             dk * softmax_scale, mask=n_mask & (offs_d[None, :] < D))
-    tl.store(dv_ptr + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvs + offs_dv[None, :],
-             dv, mask=n_mask & (offs_dv[None, :] < DV))
+    _store_rows(dk_ptr + b * stride_dkb + hk * stride_dkh, dk * softmax_scale, offs_n, seqlen_k, stride_dks, D, BLOCK_D)
+    _store_rows(dv_ptr + b * stride_dvb + hk * stride_dvh, dv, offs_n, seqlen_k, stride_dvs, DV, BLOCK_DV)
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
 def _dq_kernel(
-    q_ptr, k_ptr, v_ptr, dout_ptr,  # as in _dkdv_kernel
+    q_ptr, stride_qb, stride_qs, stride_qh,  # [B, Sq, H, D]
+    k_ptr, stride_kb, stride_ks, stride_kh,  # [B, Sk, Hkv, D]
+    v_ptr, stride_vb, stride_vs, stride_vh,  # [B, Sk, Hkv, Dv]
+    dout_ptr, stride_dob, stride_dos, stride_doh,  # [B, Sq, H, Dv]
     lse_ptr, delta_ptr,  # [B, H, Sq] fp32
-    dq_ptr,  # [B, Sq, H, D] fp32 output
+    dq_ptr, stride_dqb, stride_dqs, stride_dqh,  # [B, Sq, H, D] fp32 output
     seqlen_q, seqlen_k, softmax_scale, nheads,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_dob, stride_dos, stride_doh,
-    stride_dqb, stride_dqs, stride_dqh,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    """``dQ`` of ``BLOCK_M`` query rows of one (batch, head), over the key blocks the rows can see."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = (pid_bh // nheads).to(tl.int64), (pid_bh % nheads).to(tl.int64)
-    hk = h // GROUP
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    q = _load_rows(q_ptr + b * stride_qb + h * stride_qh, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)
-    do = _load_rows(dout_ptr + b * stride_dob + h * stride_doh, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)
-    stats = pid_bh.to(tl.int64) * seqlen_q
-    lse, delta = _row_stats(lse_ptr + stats, delta_ptr + stats, offs_m, seqlen_q)
+    q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
+        q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh, v_ptr, stride_vb, stride_vh,
+        dout_ptr, stride_dob, stride_doh, lse_ptr, delta_ptr, b, h, nheads, seqlen_q, GROUP)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
+    q = _load_rows(q_head, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
+    do = _load_rows(do_head, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
+    lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_end = seqlen_k
     if CAUSAL:  # one past the last key the block's last row sees
         n_end = tl.minimum(seqlen_k, tl.maximum(pid_m * BLOCK_M + BLOCK_M + (seqlen_k - seqlen_q), 0))
     qk_scale = softmax_scale * LOG2E
-    k_base = k_ptr + b * stride_kb + hk * stride_kh
-    v_base = v_ptr + b * stride_vb + hk * stride_vh
     for n0 in range(0, n_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_base, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)
-        v = _load_rows(v_base, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)
+        offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
+        k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
+        v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
         p = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, CAUSAL, PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
+        ds = _dscores(p, do, v, delta, PRECISION)
         dq += tl.dot(ds.to(DTYPE), k, input_precision=PRECISION)  # dQ = dS K (· scale)
-    offs_d = tl.arange(0, BLOCK_D)
-    tl.store(dq_ptr + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
-             dq * softmax_scale, mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < D))
+    _store_rows(dq_ptr + b * stride_dqb + h * stride_dqh, dq * softmax_scale, offs_m, seqlen_q, stride_dqs, D, BLOCK_D)
 
 
 def _blocks(head_dim: int) -> tuple[int, int]:
@@ -189,9 +217,11 @@ def _blocks(head_dim: int) -> tuple[int, int]:
     return (64, 64) if head_dim <= 64 else (32, 32) if head_dim <= 128 else (16, 16)
 
 
-def _strides3(prefix: str, x: torch.Tensor) -> dict[str, int]:
-    """``stride_<prefix>b/s/h`` of a ``[B, S, H, ...]`` tensor."""
-    return {f"stride_{prefix}{axis}": stride for axis, stride in zip("bsh", x.stride()[:3])}
+def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
+    """``<name>_ptr`` and ``stride_<prefix>b/s/h`` of a ``[B, S, H, ...]`` tensor, as the kernels take them
+    (strides 0 for None, a tensor the kernel does not read)."""
+    strides = x.stride()[:3] if x is not None else (0, 0, 0)
+    return {f"{name}_ptr": x, **{f"stride_{prefix}{axis}": stride for axis, stride in zip("bsh", strides)}}
 
 
 def plan_preprocess(out, dout, dlse, delta) -> Launch:
@@ -199,57 +229,47 @@ def plan_preprocess(out, dout, dlse, delta) -> Launch:
     b, sq, h, dv = out.shape
     block_dv = max(16, next_power_of_2(dv))
     block_m = max(1, min(64, 8192 // block_dv))
-    args = dict(out_ptr=out, dout_ptr=dout, dlse_ptr=dlse, delta_ptr=delta, seqlen_q=sq, nheads=h,
-                **_strides3("o", out), **_strides3("d", dout))
-    args.update(zip(("stride_lb", "stride_ls", "stride_lh"), dlse.stride() if dlse is not None else (0, 0, 0)))
+    args = dict(**_pointer("out", "o", out), **_pointer("dout", "d", dout), **_pointer("dlse", "l", dlse),
+                delta_ptr=delta, seqlen_q=sq, nheads=h)
     constexprs = dict(DV=dv, BLOCK_M=block_m, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None)
     return Launch(_preprocess_kernel, (triton.cdiv(sq, block_m), b * h), args, constexprs,
                   num_warps=4, num_stages=1, dummy_device=out.device)
 
 
-def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, causal) -> tuple[dict, dict]:
-    """Runtime arguments and constexprs shared by the dK/dV and dQ kernels."""
+def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, causal) -> tuple[dict, dict, dict]:
+    """``(inputs, sizes, constexprs)``: the arguments the dK/dV and dQ kernels share, in their order."""
     d, dv = q.shape[-1], v.shape[-1]
     block_m, block_n = _blocks(max(d, dv))
-    args = dict(q_ptr=q, k_ptr=k, v_ptr=v, dout_ptr=dout, lse_ptr=lse_bhs, delta_ptr=delta)
+    inputs = dict(**_pointer("q", "q", q), **_pointer("k", "k", k), **_pointer("v", "v", v),
+                  **_pointer("dout", "do", dout), lse_ptr=lse_bhs, delta_ptr=delta)
     sizes = dict(seqlen_q=q.shape[1], seqlen_k=k.shape[1], softmax_scale=float(softmax_scale))
-    strides = {**_strides3("q", q), **_strides3("k", k), **_strides3("v", v), **_strides3("do", dout)}
     constexprs = dict(
         GROUP=q.shape[2] // k.shape[2], CAUSAL=bool(causal), D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=max(16, next_power_of_2(d)), BLOCK_DV=max(16, next_power_of_2(dv)),
         DTYPE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
     )
-    return dict(args=args, sizes=sizes, strides=strides), constexprs
+    return inputs, sizes, constexprs
 
 
 def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, causal) -> Launch:
     """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch, KV head)."""
-    parts, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, causal)
-    args = dict(**parts["args"], dk_ptr=dk, dv_ptr=dv, **parts["sizes"], nheads_k=k.shape[2],
-                **parts["strides"], **_strides3("dk", dk), **_strides3("dv", dv))
+    inputs, sizes, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, causal)
+    args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes, nheads_k=k.shape[2])
     grid = (triton.cdiv(k.shape[1], constexprs["BLOCK_N"]), k.shape[0] * k.shape[2])
     return Launch(_dkdv_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
 
 
 def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, causal) -> Launch:
     """``dq`` (fp32, shape of q) over query blocks of ``BLOCK_M``, one program per (batch, head)."""
-    parts, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, causal)
-    args = dict(**parts["args"], dq_ptr=dq, **parts["sizes"], nheads=q.shape[2],
-                **parts["strides"], **_strides3("dq", dq))
+    inputs, sizes, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, causal)
+    args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2])
     grid = (triton.cdiv(q.shape[1], constexprs["BLOCK_M"]), q.shape[0] * q.shape[2])
     return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
 
 
 def attention_backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    softmax_scale: float,
-    causal: bool = False,
-    dlse: Optional[torch.Tensor] = None,
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
     grad_dtype: Optional[torch.dtype] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments and shapes).

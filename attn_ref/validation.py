@@ -4,27 +4,42 @@ Both :func:`attn_ref.flash_attn_with_kvcache` and :func:`kernels.flash_attn_with
 :func:`check_kvcache_args` first, so they raise the same errors in the same order, and nothing is
 written into ``k_cache`` / ``v_cache`` before every check has passed.
 
-Order of the checks:
+Order of the checks: :func:`check_kvcache_args` is the list of its phases, each a function that
+checks a few arguments and returns what the later ones need:
 
-0. sglang's ``ver`` check (``sgl_kernel.flash_attn only supports ver=3, got ...``), first of all.
-1. sglang's own Python checks, verbatim and in sglang's order (``v_cache must be provided``, the two
-   ``contiguous last dimension`` checks, ``k_cache can only be None when only_qv=True``,
-   ``q can only be None when only_qv=True``, ``q must be provided unless qv is provided with
-   only_qv=True``, ``only_qv=True requires qv to be provided``), including sglang's placeholder
-   ``k_cache`` / dummy ``q`` for ``only_qv`` and its default ``softmax_scale``. sglang raises the two
-   stride messages with ``assert``; here they are ``ValueError`` with the same text.
+0. :func:`_sglang_version`: sglang's ``ver`` check (``sgl_kernel.flash_attn only supports ver=3,
+   got ...``), first of all.
+1. sglang's own Python checks, verbatim and in sglang's order: :func:`_sglang_caches`
+   (``v_cache must be provided``, the two ``contiguous last dimension`` checks, ``k_cache can only
+   be None when only_qv=True``, with sglang's placeholder ``k_cache`` for ``only_qv``),
+   :func:`_sglang_q` (``q can only be None when only_qv=True``, ``q must be provided unless qv is
+   provided with only_qv=True``, with sglang's dummy ``q``), :func:`_sglang_softmax_scale`
+   (``only_qv=True requires qv to be provided``, sglang's default ``softmax_scale``). sglang raises
+   the two stride messages with ``assert``; here they are ``ValueError`` with the same text.
 2. This package's extra checks, for what upstream leaves to C++ ``TORCH_CHECK`` s (``RuntimeError``)
    or to undefined behaviour, in two phases:
 
-   a. *static checks* (:func:`check_kvcache_args` itself): types, dtypes, devices, shapes, head
-      divisibility, page size, rotary table length, option values, qv/out strides, memory shared
-      between ``out`` and another argument. They read no tensor's values.
+   a. *static checks*, which read no tensor's values: :func:`_check_only_qv`; :func:`_check_dtypes`
+      (q's dtype; the caches' device, dtype, rank); :func:`_check_shapes` (q and ``cu_seqlens_q``
+      in :func:`_check_queries`, the caches, head divisibility, page table and page size in
+      :func:`_check_caches`; the sizes they fix are a :class:`_Layout`);
+      :func:`_check_cache_batch_idx`; :func:`_check_new_kv` (``k``, ``v``, ``cu_seqlens_k_new``);
+      :func:`_check_cache_lengths` (``cache_seqlens``, ``cache_leftpad``); :func:`_check_qv`;
+      :func:`_normalise_masks` (window, causal, chunk, as FA3 normalises them); :func:`_check_rotary`
+      (the tables, their length, and the queries' rotary positions, which follow the masks);
+      :func:`_check_descales`; :func:`_check_sinks`; :func:`_check_scalars` (``softmax_scale``,
+      ``softcap``); :func:`_check_num_splits`; :func:`_check_out`; :func:`_check_written_memory`
+      (the tensors the call writes; ``out`` sharing memory with another argument);
+      :func:`_check_flags` (``rotary_interleaved``, ``return_softmax_lse``). Then
+      :func:`_resolve_call` computes the derived values, in that one place.
    b. *value checks*, which read index tensors back to the host: the ``cu_seqlens_*`` offsets (in
       their place among the static checks, as they define the batch structure), then, after every
-      static check, :func:`check_kvcache_values`: ``max_seqlen_q``, ``cache_batch_idx`` range,
-      ``cache_leftpad`` / ``cache_seqlens`` and capacity, ``page_table`` range, conflicting cache
-      writes, rotary table rows, logit overflow with a huge ``softmax_scale``, cache writes into
-      another argument's memory (an input with errors of both kinds reports the static one).
+      static check, :func:`check_kvcache_values`: :func:`_check_max_seqlen_q`, the
+      ``cache_batch_idx`` range, :func:`_check_cache_extents` (``cache_leftpad`` /
+      ``cache_seqlens`` and capacity), :func:`_check_pages` (``page_table`` range),
+      :func:`_check_write_conflicts`, :func:`_check_rotary_rows`, :func:`_require_finite_logits`
+      (logit overflow with a huge ``softmax_scale``), :func:`_check_writes_unshared` (cache writes
+      into another argument's memory). An input with errors of both kinds reports the static one.
       ``value_checks=False`` skips them all (the kernels do inside a CUDA graph capture, see
       :mod:`kernels.host_checks`); nothing then reads a device value on the host.
 
@@ -50,7 +65,7 @@ import numbers
 import operator
 import struct
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -322,6 +337,22 @@ def _float32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
+def _default_scale(what: str, dims: int) -> float:
+    """sglang's default ``softmax_scale = dims ** -0.5``, undefined for a zero head dim."""
+    if dims == 0:
+        raise ValueError(f"softmax_scale=None means {what} ** -0.5, which is undefined for a head dim "
+                         f"of 0; pass softmax_scale")
+    return dims ** (-0.5)
+
+
+def _require_int(name: str, x) -> int:
+    """An int argument (Python / numpy int or integer 1-element tensor; not a bool)."""
+    value = _int64(x)
+    if value is None:
+        raise TypeError(f"{name} must be an int in int64 range, got {x!r}")
+    return value
+
+
 # --------------------------------------------------------------------------------------------------
 # Memory shared between tensors. The call writes the caches (append) and ``out``; a written element
 # that another argument also reads, or that two slots share, makes the result depend on the order of
@@ -426,8 +457,9 @@ def _cache_write_offsets(cache: torch.Tensor, page_table, rows, starts, lens) ->
     return (cache.storage_offset() + torch.cat(tokens)[:, None, None] + heads[:, None] + channels).flatten()
 
 
+
 # --------------------------------------------------------------------------------------------------
-# The check.
+# The check: the phases in their order, then the values derived from them.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -442,25 +474,115 @@ def check_kvcache_args(
 ) -> KVCacheCall:
     """Validate a ``flash_attn_with_kvcache`` call and resolve its arguments.
 
-    Raises ``ValueError`` (``TypeError`` for a wrong Python type) before anything is written.
-    See the module docstring for the order. Returns a :class:`KVCacheCall`. ``value_checks=False``
-    skips :func:`check_kvcache_values`: then no device value is read on the host, and the per-batch
-    lists of the result are None.
+    Raises ``ValueError`` (``TypeError`` for a wrong Python type) before anything is written. The
+    phases below run in the module docstring's order. Returns a :class:`KVCacheCall`.
+    ``value_checks=False`` skips :func:`check_kvcache_values`: then no device value is read on the
+    host, and the per-batch lists of the result are None.
     """
-    # ---- 0. sglang's version check (SGL-B), before everything else ------------------------------
-    if not _is_three(ver):
+    # 0-1. sglang's checks, verbatim and in sglang's order.
+    _sglang_version(ver)
+    k_cache, only_qv = _sglang_caches(q, k_cache, v_cache, k, only_qv)
+    q = _sglang_q(q, qv, k_cache, only_qv)
+    softmax_scale = _sglang_softmax_scale(softmax_scale, q, qv, only_qv)
+    # 2a. This package's static checks.
+    _check_only_qv(only_qv, qv)
+    _check_dtypes(q, k_cache, v_cache)
+    layout = _check_shapes(q, k_cache, v_cache, page_table, cu_seqlens_q, max_seqlen_q, value_checks)
+    cache_batch_idx = _check_cache_batch_idx(cache_batch_idx, layout)
+    v, cu_seqlens_k_new = _check_new_kv(k, v, cu_seqlens_k_new, cache_seqlens, layout, value_checks)
+    _check_cache_lengths(cache_seqlens, cache_leftpad, layout)
+    _check_qv(qv, q, layout)
+    masks = _normalise_masks(window_size, causal, attention_chunk, layout)
+    rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, k, masks, layout)
+    descales = _check_descales(q_descale, k_descale, v_descale, layout)
+    _check_sinks(sinks, layout)
+    softmax_scale, softcap = _check_scalars(softmax_scale, softcap)
+    num_splits = _check_num_splits(num_splits)
+    _check_out(out, q, layout)
+    arguments = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos,
+                     rotary_sin=rotary_sin, sinks=sinks, q_descale=q_descale, k_descale=k_descale,
+                     v_descale=v_descale, out=out)  # the tensors, for the memory the call writes
+    _check_written_memory(arguments)
+    rotary_interleaved, return_softmax_lse = _check_flags(rotary_interleaved, return_softmax_lse)
+    # The derived values, in one place.
+    call = _resolve_call(
+        arguments, page_table, layout, masks, rotary, descales, cu_seqlens_q=cu_seqlens_q,
+        cache_batch_idx=cache_batch_idx, cu_seqlens_k_new=cu_seqlens_k_new, cache_seqlens=cache_seqlens,
+        cache_leftpad=cache_leftpad, softmax_scale=softmax_scale, softcap=softcap, only_qv=only_qv,
+        num_splits=num_splits, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse)
+    # 2b. The value checks.
+    if not value_checks:
+        return call
+    return check_kvcache_values(call, arguments, max_seqlen_q, layout.batch_k)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What the shapes of q, the caches and the page table fix (:func:`_check_shapes`); the later
+    phases check the other arguments against it."""
+
+    device: torch.device  # q's
+    dtype: torch.dtype  # q's
+    varlen_q: bool  # q packed as (total_q, h, d), with cu_seqlens_q
+    seqlen_q: int  # the static query length: sq, or the max_seqlen_q argument for varlen q
+    batch: int  # b
+    num_heads: int  # h
+    head_dim: int  # d
+    num_heads_k: int  # h_k
+    head_dim_v: int  # dv
+    page_size: int  # P; 0 without a page table (with one, P >= 1)
+    capacity: int  # tokens a cache sequence holds: seqlen_cache, or max_pages_per_seq * P
+    batch_k: int  # the cache rows (or page-table rows) there are
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size > 0
+
+
+class _Masks(NamedTuple):
+    """The mask options as FA3 normalises them (:func:`_normalise_masks`)."""
+
+    causal: bool
+    window_size: tuple[int, int]  # -1 = unbounded; causal makes the right side 0
+    chunk: int  # 0 = off; bounded by max(capacity, static query length, 1)
+
+
+class _Rotary(NamedTuple):
+    """The rotary arguments the call reads (:func:`_check_rotary`)."""
+
+    sin: Optional[torch.Tensor]  # rotary_sin, None without rotary_cos
+    seqlens: Optional[torch.Tensor]  # rotary_seqlens, None without rotary_cos
+    dim: int  # 2 * rotary_cos.shape[1]; 0 = no rotary
+    q_fixed_position: bool  # every query row at position P0 (FA3's FixedPosition), else P0 + i
+
+
+# ---- 0-1. sglang's checks --------------------------------------------------------------------------
+
+
+def _sglang_version(ver) -> None:
+    """sglang's ``ver != 3`` check (SGL-B), before everything else, for any ``ver``: a value whose
+    comparison fails (e.g. a multi-element tensor, an ambiguous truth value) is not 3."""
+    try:
+        three = not bool(ver != 3)
+    except (TypeError, ValueError, RuntimeError):
+        three = False
+    if not three:
         raise ValueError(f"sgl_kernel.flash_attn only supports ver=3, got {ver!r}")
 
-    # ---- 1. sglang's checks, verbatim and in sglang's order ------------------------------------
+
+def _sglang_caches(q, k_cache, v_cache, k, only_qv) -> tuple[torch.Tensor, bool]:
+    """sglang's cache checks: ``v_cache`` given, with a contiguous last dimension; ``only_qv`` (a truth
+    value there); ``k_cache``, which only ``only_qv`` may leave out, for sglang's placeholder
+    ``(*v_cache.shape[:-1], d)``, never read on that path (``d`` from q, else k, else 64), with a
+    contiguous last dimension. Returns ``(k_cache, only_qv)``."""
     if v_cache is None:
         raise ValueError("v_cache must be provided")
     _require_tensor("v_cache", v_cache)
     _require_contiguous_last_dim("v_cache", v_cache)
-    only_qv = _flag("only_qv", only_qv, none_is_false=True)  # sglang tests it as a truth value
+    only_qv = _flag("only_qv", only_qv, none_is_false=True)
     if k_cache is None:
         if not only_qv:
             raise ValueError("k_cache can only be None when only_qv=True")
-        # sglang's placeholder: the only_qv path never reads K. Head size from q, else k, else 64.
         source_name, source = ("q", q) if q is not None else ("k", k)
         if source is not None:
             _require_tensor(source_name, source)
@@ -469,233 +591,305 @@ def check_kvcache_args(
         k_cache = torch.empty((*v_cache.shape[:-1], k_head_size), dtype=like.dtype, device=like.device)
     _require_tensor("k_cache", k_cache)
     _require_contiguous_last_dim("k_cache", k_cache)
+    return k_cache, only_qv
+
+
+def _sglang_q(q, qv, k_cache: torch.Tensor, only_qv: bool) -> torch.Tensor:
+    """sglang's q checks: only ``only_qv`` with a ``qv`` may leave q out, for sglang's dummy
+    ``(*qv.shape[:-1], k_cache's head dim)``, never read on that path. Returns q."""
     if q is None:
         if not only_qv:
             raise ValueError("q can only be None when only_qv=True")
         if qv is None:
             raise ValueError("q must be provided unless qv is provided with only_qv=True")
         _require_tensor("qv", qv)
-        # sglang's dummy q: never read on the only_qv path; its head dim is k_cache's.
         q = torch.empty((*qv.shape[:-1], k_cache.shape[-1]), dtype=qv.dtype, device=qv.device)
     _require_tensor("q", q)
-    if softmax_scale is None:
-        if only_qv:
-            if qv is None:
-                raise ValueError("only_qv=True requires qv to be provided")
-            _require_tensor("qv", qv)
-            softmax_scale = _default_scale("qv.shape[-1]", _head_dim("qv", qv))
-        else:
-            if qv is not None:
-                _require_tensor("qv", qv)
-            dims = _head_dim("q", q) + (_head_dim("qv", qv) if qv is not None else 0)
-            softmax_scale = _default_scale("q.shape[-1] + qv.shape[-1]" if qv is not None else "q.shape[-1]", dims)
+    return q
 
-    # ---- 2. this package's checks ----------------------------------------------------------------
+
+def _sglang_softmax_scale(softmax_scale, q: torch.Tensor, qv, only_qv: bool):
+    """sglang's default for ``softmax_scale=None``: ``qv.shape[-1] ** -0.5`` with ``only_qv`` (which
+    needs qv), else ``(q.shape[-1] + qv.shape[-1]) ** -0.5`` (no qv: ``q.shape[-1] ** -0.5``).
+    A given value is returned as it is (:func:`_check_scalars` checks it)."""
+    if softmax_scale is not None:
+        return softmax_scale
+    if only_qv:
+        if qv is None:
+            raise ValueError("only_qv=True requires qv to be provided")
+        _require_tensor("qv", qv)
+        return _default_scale("qv.shape[-1]", _head_dim("qv", qv))
+    if qv is not None:
+        _require_tensor("qv", qv)
+    dims = _head_dim("q", q) + (_head_dim("qv", qv) if qv is not None else 0)
+    return _default_scale("q.shape[-1] + qv.shape[-1]" if qv is not None else "q.shape[-1]", dims)
+
+
+# ---- 2a. This package's static checks --------------------------------------------------------------
+
+
+def _check_only_qv(only_qv: bool, qv) -> None:
+    """``only_qv`` needs qv (caught here when a given softmax_scale skipped sglang's default-scale check)."""
     if only_qv and qv is None:
         raise ValueError(
             "only_qv=True computes the scores from qv alone, so qv must be given "
             "(softmax_scale was given, so sglang's default-scale check did not run)"
         )
+
+
+def _check_dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """q has a supported dtype; each cache is on q's device, has q's dtype and 4 dimensions."""
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(
             f"q must have dtype float16, bfloat16, float32 or float8_e4m3fn, got {q.dtype}"
         )
-    device = q.device
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _require_device(name, x, device)
+        _require_device(name, x, q.device)
         _require_dtype(name, x, q.dtype)
         _require_ndim(name, x, 4, "(batch_cache, seqlen_cache, h_k, dim) or (num_pages, P, h_k, dim)")
 
-    # Queries: (b, sq, h, d), or (total_q, h, d) with cu_seqlens_q.
-    varlen_q = cu_seqlens_q is not None
-    if varlen_q:
-        _require_tensor("cu_seqlens_q", cu_seqlens_q)
-        _require_device("cu_seqlens_q", cu_seqlens_q, device)
-        if max_seqlen_q is None:
-            raise ValueError("max_seqlen_q must be provided if cu_seqlens_q is provided")
-        static_sq = _require_int("max_seqlen_q", max_seqlen_q)
-        _require_ndim("q", q, 3, "(total_q, h, d) when cu_seqlens_q is given")
-        _require_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q.shape[0]", value_checks)
-        batch = cu_seqlens_q.shape[0] - 1
-    else:
-        _require_ndim("q", q, 4, "(batch, seqlen_q, h, d)")
-        batch = q.shape[0]
-        static_sq = q.shape[1]
-    num_heads, head_dim = q.shape[-2], q.shape[-1]
 
-    # Caches: (batch_cache, seqlen_cache, h_k, d|dv), or paged (num_pages, P, h_k, d|dv).
-    num_heads_k, head_dim_v = v_cache.shape[2], v_cache.shape[3]
+def _check_shapes(q, k_cache, v_cache, page_table, cu_seqlens_q, max_seqlen_q, value_checks) -> _Layout:
+    """The layout of q (:func:`_check_queries`), then of the caches (:func:`_check_caches`)."""
+    varlen_q, seqlen_q, batch = _check_queries(q, cu_seqlens_q, max_seqlen_q, value_checks)
+    page_size, capacity, batch_k = _check_caches(q, k_cache, v_cache, page_table)
+    return _Layout(device=q.device, dtype=q.dtype, varlen_q=varlen_q, seqlen_q=seqlen_q, batch=batch,
+                   num_heads=q.shape[-2], head_dim=q.shape[-1], num_heads_k=v_cache.shape[2],
+                   head_dim_v=v_cache.shape[3], page_size=page_size, capacity=capacity, batch_k=batch_k)
+
+
+def _check_queries(q: torch.Tensor, cu_seqlens_q, max_seqlen_q, value_checks: bool) -> tuple[bool, int, int]:
+    """q is ``(b, sq, h, d)``, or ``(total_q, h, d)`` with ``cu_seqlens_q`` (its offsets checked, see
+    :func:`_require_cu_seqlens`) and ``max_seqlen_q``. Returns ``(varlen_q, sq or max_seqlen_q, b)``."""
+    if cu_seqlens_q is None:
+        _require_ndim("q", q, 4, "(batch, seqlen_q, h, d)")
+        return False, q.shape[1], q.shape[0]
+    _require_tensor("cu_seqlens_q", cu_seqlens_q)
+    _require_device("cu_seqlens_q", cu_seqlens_q, q.device)
+    if max_seqlen_q is None:
+        raise ValueError("max_seqlen_q must be provided if cu_seqlens_q is provided")
+    static_sq = _require_int("max_seqlen_q", max_seqlen_q)
+    _require_ndim("q", q, 3, "(total_q, h, d) when cu_seqlens_q is given")
+    _require_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q.shape[0]", value_checks)
+    return True, static_sq, cu_seqlens_q.shape[0] - 1
+
+
+def _check_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table) -> tuple[int, int, int]:
+    """The caches are ``(batch_cache, seqlen_cache, h_k, d|dv)``, or paged ``(num_pages, P, h_k, d|dv)``
+    with an int32 ``(batch_k, max_pages_per_seq)`` page table and ``P >= 1``; ``h_k`` divides ``h``.
+    Returns ``(P or 0, capacity, batch_k)``."""
+    num_heads, head_dim, num_heads_k = q.shape[-2], q.shape[-1], v_cache.shape[2]
     _require_shape("k_cache", k_cache, (*v_cache.shape[:3], head_dim), "(matching v_cache, with q's head dim)")
     if num_heads_k == 0 or num_heads % num_heads_k != 0:
         raise ValueError(
             f"the number of key/value heads ({num_heads_k}) must divide the number of query "
             f"heads ({num_heads})"
         )
-    if page_table is not None:
-        _require_tensor("page_table", page_table)
-        _require_device("page_table", page_table, device)
-        _require_dtype("page_table", page_table, torch.int32)
-        _require_ndim("page_table", page_table, 2, "(batch_k, max_pages_per_seq)")
-        page_size = k_cache.shape[1]
-        if page_size == 0:
-            raise ValueError(
-                "with page_table, k_cache and v_cache must be (num_pages, page_size, h_k, dim) with "
-                "page_size >= 1, got page_size 0"
-            )
-        capacity = page_table.shape[1] * page_size
-        batch_k = page_table.shape[0]
-    else:
-        page_size = 0
-        capacity = k_cache.shape[1]
-        batch_k = k_cache.shape[0]
+    if page_table is None:
+        return 0, k_cache.shape[1], k_cache.shape[0]
+    _require_tensor("page_table", page_table)
+    _require_device("page_table", page_table, q.device)
+    _require_dtype("page_table", page_table, torch.int32)
+    _require_ndim("page_table", page_table, 2, "(batch_k, max_pages_per_seq)")
+    page_size = k_cache.shape[1]
+    if page_size == 0:
+        raise ValueError(
+            "with page_table, k_cache and v_cache must be (num_pages, page_size, h_k, dim) with "
+            "page_size >= 1, got page_size 0"
+        )
+    return page_size, page_table.shape[1] * page_size, page_table.shape[0]
 
-    # Which cache row (or page-table row) serves each batch entry. FA3 reads the first b entries of
-    # cache_batch_idx (it checks neither its length nor its values): longer is fine, shorter is not.
+
+def _check_cache_batch_idx(cache_batch_idx, layout: _Layout):
+    """Which cache row (or page-table row) serves each batch entry: without ``cache_batch_idx`` there
+    must be one per entry. FA3 reads the first b entries of ``cache_batch_idx`` (it checks neither its
+    length nor its values): longer is fine, shorter is not. Returns those b entries (or None)."""
+    batch, batch_k = layout.batch, layout.batch_k
     if cache_batch_idx is None:
         if batch_k != batch:
-            what = "page_table.shape[0]" if page_table is not None else "k_cache.shape[0]"
+            what = "page_table.shape[0]" if layout.paged else "k_cache.shape[0]"
             raise ValueError(
                 f"without cache_batch_idx, the batch size of q ({batch}) must equal {what} ({batch_k})"
             )
-    else:
-        _require_tensor("cache_batch_idx", cache_batch_idx)
-        if cache_batch_idx.dim() == 1 and cache_batch_idx.shape[0] > batch:
-            cache_batch_idx = cache_batch_idx[:batch]
-        _require_int32_vector("cache_batch_idx", cache_batch_idx, batch, device)
+        return None
+    _require_tensor("cache_batch_idx", cache_batch_idx)
+    if cache_batch_idx.dim() == 1 and cache_batch_idx.shape[0] > batch:
+        cache_batch_idx = cache_batch_idx[:batch]
+    _require_int32_vector("cache_batch_idx", cache_batch_idx, batch, layout.device)
+    return cache_batch_idx
 
-    # New keys/values. FA3 ignores v and cu_seqlens_k_new when k is not given.
-    if k is not None:
-        if v is None:
-            raise ValueError("k and v must be given together (new keys and values to append), got only one")
-        for name, x, dim in (("k", k, head_dim), ("v", v, head_dim_v)):
-            _require_tensor(name, x)
-            _require_device(name, x, device)
-            _require_dtype(name, x, q.dtype)
-            if cu_seqlens_k_new is not None:
-                _require_ndim(name, x, 3, "(total_k_new, h_k, dim) when cu_seqlens_k_new is given")
-                _require_shape(name, x, (k.shape[0], num_heads_k, dim), "(total_k_new, h_k, dim)")
-            else:
-                _require_ndim(name, x, 4, "(batch, seqlen_new, h_k, dim)")
-                _require_shape(name, x, (batch, k.shape[1], num_heads_k, dim), "(batch, seqlen_new, h_k, dim)")
-        if cache_seqlens is None:
-            raise ValueError("cache_seqlens must be given when k and v are appended to the cache")
+
+def _check_new_kv(k, v, cu_seqlens_k_new, cache_seqlens, layout: _Layout, value_checks: bool) -> tuple:
+    """New keys/values: k ``(b, seqlen_new, h_k, d)`` and v ``(.., dv)``, or ``(total_k_new, h_k, ..)``
+    with ``cu_seqlens_k_new`` (its offsets checked, see :func:`_require_cu_seqlens`), and
+    ``cache_seqlens`` to say where they go. FA3 ignores v and ``cu_seqlens_k_new`` without k.
+    Returns ``(v, cu_seqlens_k_new)`` as the call reads them."""
+    if k is None:
+        return None, None
+    if v is None:
+        raise ValueError("k and v must be given together (new keys and values to append), got only one")
+    for name, x, dim in (("k", k, layout.head_dim), ("v", v, layout.head_dim_v)):
+        _require_tensor(name, x)
+        _require_device(name, x, layout.device)
+        _require_dtype(name, x, layout.dtype)
         if cu_seqlens_k_new is not None:
-            _require_tensor("cu_seqlens_k_new", cu_seqlens_k_new)
-            _require_device("cu_seqlens_k_new", cu_seqlens_k_new, device)
-            _require_cu_seqlens("cu_seqlens_k_new", cu_seqlens_k_new, k.shape[0], "k.shape[0]", value_checks)
-            _require_shape("cu_seqlens_k_new", cu_seqlens_k_new, (batch + 1,), "(batch + 1,)")
-    else:
-        v, cu_seqlens_k_new = None, None
+            _require_ndim(name, x, 3, "(total_k_new, h_k, dim) when cu_seqlens_k_new is given")
+            _require_shape(name, x, (k.shape[0], layout.num_heads_k, dim), "(total_k_new, h_k, dim)")
+        else:
+            _require_ndim(name, x, 4, "(batch, seqlen_new, h_k, dim)")
+            _require_shape(name, x, (layout.batch, k.shape[1], layout.num_heads_k, dim),
+                           "(batch, seqlen_new, h_k, dim)")
+    if cache_seqlens is None:
+        raise ValueError("cache_seqlens must be given when k and v are appended to the cache")
+    if cu_seqlens_k_new is not None:
+        _require_tensor("cu_seqlens_k_new", cu_seqlens_k_new)
+        _require_device("cu_seqlens_k_new", cu_seqlens_k_new, layout.device)
+        _require_cu_seqlens("cu_seqlens_k_new", cu_seqlens_k_new, k.shape[0], "k.shape[0]", value_checks)
+        _require_shape("cu_seqlens_k_new", cu_seqlens_k_new, (layout.batch + 1,), "(batch + 1,)")
+    return v, cu_seqlens_k_new
 
-    # Cache lengths and left padding.
+
+def _check_cache_lengths(cache_seqlens, cache_leftpad, layout: _Layout) -> None:
+    """``cache_seqlens`` (an int, not with varlen q) and ``cache_leftpad``: ``(b,)`` int32 tensors."""
     if isinstance(cache_seqlens, int):
-        if varlen_q:
+        if layout.varlen_q:
             raise ValueError(
                 "cache_seqlens must be a (batch,) int32 tensor when cu_seqlens_q is given: sglang "
                 "expands an int to q.shape[0] entries, which is total_q, not the batch size"
             )
     elif cache_seqlens is not None:
-        _require_int32_vector("cache_seqlens", cache_seqlens, batch, device)
-    _require_int32_vector("cache_leftpad", cache_leftpad, batch, device)
+        _require_int32_vector("cache_seqlens", cache_seqlens, layout.batch, layout.device)
+    _require_int32_vector("cache_leftpad", cache_leftpad, layout.batch, layout.device)
 
-    # qv (MLA): (b, sq, h, dv) or (total_q, h, dv).
-    if qv is not None:
-        _require_tensor("qv", qv)
-        _require_device("qv", qv, device)
-        if q.dtype == torch.float8_e4m3fn:
-            raise ValueError("qv is not supported with float8_e4m3fn inputs")
-        _require_dtype("qv", qv, q.dtype)
-        _require_shape("qv", qv, (*q.shape[:-1], head_dim_v), "(q's shape with v's head dim)")
-        _require_contiguous_last_dim("qv", qv)
 
-    # Masks, as FA3 normalises them. A window side that is negative, or at least as long as the
-    # static lengths (cache capacity; sq, or the max_seqlen_q argument for varlen q), is unbounded;
-    # a chunk at least as long as both is the same as any longer chunk.
+def _check_qv(qv, q: torch.Tensor, layout: _Layout) -> None:
+    """qv (MLA): q's shape with v's head dim, ``(b, sq, h, dv)`` or ``(total_q, h, dv)``; not with fp8."""
+    if qv is None:
+        return
+    _require_tensor("qv", qv)
+    _require_device("qv", qv, layout.device)
+    if layout.dtype == torch.float8_e4m3fn:
+        raise ValueError("qv is not supported with float8_e4m3fn inputs")
+    _require_dtype("qv", qv, layout.dtype)
+    _require_shape("qv", qv, (*q.shape[:-1], layout.head_dim_v), "(q's shape with v's head dim)")
+    _require_contiguous_last_dim("qv", qv)
+
+
+def _normalise_masks(window_size, causal, attention_chunk, layout: _Layout) -> _Masks:
+    """The masks, as FA3 normalises them. A window side that is negative, or at least as long as the
+    static lengths (cache capacity; sq, or the max_seqlen_q argument for varlen q), is unbounded;
+    causal makes the right side 0; a chunk at least as long as both is the same as any longer chunk,
+    so the chunk is bounded by them (the kernels take int32)."""
     left, right = _window_pair(window_size)
-    left = -1 if left < 0 or left >= capacity - 1 else left
-    right = -1 if right < 0 or right >= static_sq - 1 else right
+    left = -1 if left < 0 or left >= layout.capacity - 1 else left
+    right = -1 if right < 0 or right >= layout.seqlen_q - 1 else right
     causal = _flag("causal", causal)
     if causal:
         right = 0
-    chunk = _chunk_size(attention_chunk)
-    # Rotary positions of q: P0 + i in causal/local mode, else every row at P0 (FA3's FixedPosition).
-    q_fixed = not (causal or chunk > 0 or left >= 0 or right >= 0)
-    # Same chunk with a bounded number (the kernels take int32): a chunk beyond both the capacity and
-    # the static query length changes nothing any more.
-    chunk = min(chunk, max(capacity, static_sq, 1))
+    chunk = min(_chunk_size(attention_chunk), max(layout.capacity, layout.seqlen_q, 1))
+    return _Masks(causal, (left, right), chunk)
 
-    # Rotary embedding of the new keys (and of q). FA3 ignores rotary_sin and rotary_seqlens
-    # without rotary_cos.
-    rotary_dim = 0
-    if rotary_cos is not None:
-        if rotary_sin is None:
-            raise ValueError("rotary_cos and rotary_sin must be given together, got only one")
-        if k is None:
-            raise ValueError(
-                "If rotary cos/sin are provided, new key / value to be appended to KV cache must "
-                "also be provided"
-            )
-        for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+
+def _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, k, masks: _Masks, layout: _Layout) -> _Rotary:
+    """Rotary embedding of the new keys (and of q): the cos/sin tables ``(seqlen_rotary, rotary_dim / 2)``,
+    only with new keys, ``rotary_dim`` a multiple of 16 within the head dim, a paged cache's every
+    position in the table (FA3's C++ check), ``rotary_seqlens`` ``(b,)`` int32. FA3 ignores
+    rotary_sin and rotary_seqlens without rotary_cos. The queries' positions follow the masks:
+    ``P0 + i`` in causal / local mode, else every row at ``P0`` (FA3's FixedPosition)."""
+    left, right = masks.window_size
+    q_fixed = not (masks.causal or masks.chunk > 0 or left >= 0 or right >= 0)
+    if rotary_cos is None:
+        return _Rotary(sin=None, seqlens=None, dim=0, q_fixed_position=q_fixed)
+    if rotary_sin is None:
+        raise ValueError("rotary_cos and rotary_sin must be given together, got only one")
+    if k is None:
+        raise ValueError(
+            "If rotary cos/sin are provided, new key / value to be appended to KV cache must "
+            "also be provided"
+        )
+    for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        _require_tensor(name, x)
+        _require_device(name, x, layout.device)
+        _require_float(name, x)
+        _require_ndim(name, x, 2, "(seqlen_rotary, rotary_dim / 2)")
+    _require_shape("rotary_sin", rotary_sin, tuple(rotary_cos.shape), "(same as rotary_cos)")
+    rotary_dim, head_dim, capacity = 2 * rotary_cos.shape[1], layout.head_dim, layout.capacity
+    if rotary_dim > head_dim or rotary_dim % 16 != 0:
+        raise ValueError(
+            f"rotary_dim = 2 * rotary_cos.shape[1] must be a multiple of 16 and <= the head "
+            f"dim ({head_dim}), got {rotary_dim}"
+        )
+    if layout.paged and rotary_cos.shape[0] < capacity:
+        raise ValueError(
+            f"with page_table, rotary_cos must have at least max_pages_per_seq * page_size = "
+            f"{capacity} rows, got {rotary_cos.shape[0]}"
+        )
+    _require_int32_vector("rotary_seqlens", rotary_seqlens, layout.batch, layout.device)
+    return _Rotary(sin=rotary_sin, seqlens=rotary_seqlens, dim=rotary_dim, q_fixed_position=q_fixed)
+
+
+def _check_descales(q_descale, k_descale, v_descale, layout: _Layout) -> tuple:
+    """FP8 descale factors: ``(b, h_k)`` float32, read only with fp8 inputs (FA3 ignores them
+    otherwise). Returns the three as the call reads them (None for other dtypes)."""
+    if layout.dtype != torch.float8_e4m3fn:
+        return None, None, None
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is not None:
             _require_tensor(name, x)
-            _require_device(name, x, device)
-            _require_float(name, x)
-            _require_ndim(name, x, 2, "(seqlen_rotary, rotary_dim / 2)")
-        _require_shape("rotary_sin", rotary_sin, tuple(rotary_cos.shape), "(same as rotary_cos)")
-        rotary_dim = 2 * rotary_cos.shape[1]
-        if rotary_dim > head_dim or rotary_dim % 16 != 0:
-            raise ValueError(
-                f"rotary_dim = 2 * rotary_cos.shape[1] must be a multiple of 16 and <= the head "
-                f"dim ({head_dim}), got {rotary_dim}"
-            )
-        if page_table is not None and rotary_cos.shape[0] < capacity:
-            # FA3's C++ check for paged caches: the table covers every position a sequence can hold.
-            raise ValueError(
-                f"with page_table, rotary_cos must have at least max_pages_per_seq * page_size = "
-                f"{capacity} rows, got {rotary_cos.shape[0]}"
-            )
-        _require_int32_vector("rotary_seqlens", rotary_seqlens, batch, device)
-    else:
-        rotary_seqlens = None
+            _require_device(name, x, layout.device)
+            _require_dtype(name, x, torch.float32)
+            _require_shape(name, x, (layout.batch, layout.num_heads_k), "(batch, h_k)")
+    return q_descale, k_descale, v_descale
 
-    # FP8 descale factors: (b, h_k) float32, used only with fp8 inputs (FA3 ignores them otherwise).
-    descales = (q_descale, k_descale, v_descale) if q.dtype == torch.float8_e4m3fn else (None, None, None)
-    if q.dtype == torch.float8_e4m3fn:
-        for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-            if x is not None:
-                _require_tensor(name, x)
-                _require_device(name, x, device)
-                _require_dtype(name, x, torch.float32)
-                _require_shape(name, x, (batch, num_heads_k), "(batch, h_k)")
 
-    if sinks is not None:
-        _require_tensor("sinks", sinks)
-        _require_device("sinks", sinks, device)
-        _require_float("sinks", sinks)
-        _require_shape("sinks", sinks, (num_heads,), "(h,)")
+def _check_sinks(sinks, layout: _Layout) -> None:
+    """Attention sinks: one float logit per query head, ``(h,)``."""
+    if sinks is None:
+        return
+    _require_tensor("sinks", sinks)
+    _require_device("sinks", sinks, layout.device)
+    _require_float("sinks", sinks)
+    _require_shape("sinks", sinks, (layout.num_heads,), "(h,)")
 
-    # Scalars reach FA3's kernels as float32; softcap <= 0 (and NaN) is off there.
+
+def _check_scalars(softmax_scale, softcap) -> tuple[float, float]:
+    """``softmax_scale`` and ``softcap`` reach FA3's kernels as float32: real numbers, finite there;
+    ``softcap <= 0`` (and NaN) is off. Returns them as floats, softcap rounded to float32 (0 = off)."""
     softmax_scale = _require_real("softmax_scale", softmax_scale)
     _require_float32_finite("softmax_scale", softmax_scale)
     softcap = _require_real("softcap", softcap)
     softcap = 0.0 if math.isnan(softcap) or softcap <= 0 else softcap
     _require_float32_finite("softcap", softcap)
+    return softmax_scale, _float32(softcap)
+
+
+def _check_num_splits(num_splits) -> int:
+    """An int at most :data:`MAX_NUM_SPLITS`. Returns it with every value <= 0 as 0 (the heuristic)."""
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits > MAX_NUM_SPLITS:
         raise ValueError(
             f"num_splits must be an int <= {MAX_NUM_SPLITS} (<= 0 = heuristic, 1 = no split), "
             f"got {num_splits!r}"
         )
-    out_dtype = output_dtype(q.dtype)
-    if out is not None:
-        _require_tensor("out", out)
-        _require_device("out", out, device)
-        _require_dtype("out", out, out_dtype)
-        _require_shape("out", out, (*q.shape[:-1], head_dim_v), "(q's shape with v's head dim)")
-        _require_contiguous_last_dim("out", out)
+    return max(int(num_splits), 0)
 
-    # Memory the call writes: the appended cache slots (whose addresses need the value checks), and out.
-    arguments = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos,
-                     rotary_sin=rotary_sin, sinks=sinks, q_descale=q_descale, k_descale=k_descale,
-                     v_descale=v_descale, out=out)
+
+def _check_out(out, q: torch.Tensor, layout: _Layout) -> None:
+    """A given ``out``: the output dtype (:func:`output_dtype`), q's shape with v's head dim, a
+    contiguous last dimension."""
+    if out is None:
+        return
+    _require_tensor("out", out)
+    _require_device("out", out, layout.device)
+    _require_dtype("out", out, output_dtype(layout.dtype))
+    _require_shape("out", out, (*q.shape[:-1], layout.head_dim_v), "(q's shape with v's head dim)")
+    _require_contiguous_last_dim("out", out)
+
+
+def _check_written_memory(arguments: dict) -> None:
+    """The memory the call writes: the caches when it appends (:func:`_require_writable`; where the
+    appended slots lie needs the value checks, :func:`_check_writes_unshared`), and ``out``, which must
+    not share memory with another argument. ``arguments``: the tensor arguments by name."""
+    k, out = arguments["k"], arguments["out"]
     if k is not None and k.shape[:-2].numel() > 0:  # appending (KVCacheCall.appending)
         for name in ("k_cache", "v_cache"):
             _require_writable(name, arguments[name])
@@ -703,30 +897,45 @@ def check_kvcache_args(
         _require_writable("out", out)
         _require_unshared("out", lambda: _all_offsets(out), arguments, _storage_starts(arguments))
 
+
+def _check_flags(rotary_interleaved, return_softmax_lse) -> tuple[bool, bool]:
+    """The two bool options read last (:func:`_flag`; ``return_softmax_lse=None`` is False)."""
+    return (_flag("rotary_interleaved", rotary_interleaved),
+            _flag("return_softmax_lse", return_softmax_lse, none_is_false=True))
+
+
+def _resolve_call(arguments: dict, page_table, layout: _Layout, masks: _Masks, rotary: _Rotary, descales: tuple, *,
+                  cu_seqlens_q, cache_batch_idx, cu_seqlens_k_new, cache_seqlens, cache_leftpad,
+                  softmax_scale: float, softcap: float, only_qv: bool, num_splits: int,
+                  rotary_interleaved: bool, return_softmax_lse: bool) -> KVCacheCall:
+    """The checked call as a :class:`KVCacheCall`, with the values derived from several arguments,
+    computed here only: the per-batch table (:func:`batch_table`), the static bound on ``Sq_i`` and
+    whether the KV is empty. ``arguments``: the tensor arguments by name (v None without k)."""
+    q, k, k_cache, rotary_cos = arguments["q"], arguments["k"], arguments["k_cache"], arguments["rotary_cos"]
+    table = batch_table(layout.batch, layout.device, layout.seqlen_q, cu_seqlens_q, cache_batch_idx, k,
+                        cu_seqlens_k_new, cache_seqlens, layout.capacity, cache_leftpad, rotary.seqlens)
     # FA3 skips the kernel when q's batch x k_cache.shape[1] + new tokens == 0 ("zero-length KV":
     # out 0, lse +inf). With a page table shape[1] is the page size (>= 1), so paged KV is never empty.
     total_new = k.shape[:-2].numel() if k is not None else 0
-    table = batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_seqlens_k_new,
-                        cache_seqlens, capacity, cache_leftpad, rotary_seqlens)
-    call = KVCacheCall(
-        q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv,
-        rotary_cos=rotary_cos, rotary_sin=rotary_sin if rotary_cos is not None else None,
-        page_table=page_table,
-        sinks=sinks, out=out, **dict(zip(("q_descale", "k_descale", "v_descale"), descales)),
-        batch_size=batch, num_heads=num_heads, num_heads_k=num_heads_k,
-        head_dim=head_dim, head_dim_v=head_dim_v, varlen_q=varlen_q,
-        seqlen_q_bound=min(max(static_sq, 0), q.shape[0]) if varlen_q else static_sq,
-        batch=table, page_size=page_size, capacity=capacity,
-        softmax_scale=softmax_scale, causal=causal, window_size=(left, right),
-        attention_chunk=chunk, softcap=_float32(softcap),
-        rotary_interleaved=_flag("rotary_interleaved", rotary_interleaved),
-        rotary_dim=rotary_dim, rotary_q_fixed_position=q_fixed, only_qv=only_qv,
-        return_softmax_lse=_flag("return_softmax_lse", return_softmax_lse, none_is_false=True),
-        num_splits=max(int(num_splits), 0), empty_kv=k_cache.shape[1] == 0 and total_new == 0,
+    q_descale, k_descale, v_descale = descales
+    return KVCacheCall(
+        q=q, k_cache=k_cache, v_cache=arguments["v_cache"], k=k, v=arguments["v"], qv=arguments["qv"],
+        rotary_cos=rotary_cos, rotary_sin=rotary.sin, page_table=page_table,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+        sinks=arguments["sinks"], out=arguments["out"],
+        batch_size=layout.batch, num_heads=layout.num_heads, num_heads_k=layout.num_heads_k,
+        head_dim=layout.head_dim, head_dim_v=layout.head_dim_v, varlen_q=layout.varlen_q,
+        seqlen_q_bound=min(max(layout.seqlen_q, 0), q.shape[0]) if layout.varlen_q else layout.seqlen_q,
+        batch=table, page_size=layout.page_size, capacity=layout.capacity,
+        softmax_scale=softmax_scale, causal=masks.causal, window_size=masks.window_size,
+        attention_chunk=masks.chunk, softcap=softcap, rotary_interleaved=rotary_interleaved,
+        rotary_dim=rotary.dim, rotary_q_fixed_position=rotary.q_fixed_position, only_qv=only_qv,
+        return_softmax_lse=return_softmax_lse, num_splits=num_splits,
+        empty_kv=k_cache.shape[1] == 0 and total_new == 0,
     )
-    if not value_checks:
-        return call
-    return check_kvcache_values(call, arguments, max_seqlen_q, batch_k)
+
+
+# ---- The per-batch values ---------------------------------------------------------------------------
 
 
 def batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_seqlens_k_new,
@@ -779,27 +988,44 @@ def batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_s
                         rotary_starts])
 
 
+# ---- 2b. The value checks --------------------------------------------------------------------------
+
+
 def check_kvcache_values(call: KVCacheCall, arguments: dict, max_seqlen_q, batch_k: int) -> KVCacheCall:
     """The value checks of a statically checked call (module docstring, 2b), in this order; they read
     the index tensors (and, with a huge ``softmax_scale``, the data) back to the host. Returns
-    ``call`` with its per-batch lists filled from ``call.batch``.
+    ``call`` with its per-batch lists filled from ``call.batch`` (the phases read them there).
 
     ``arguments``: the tensor arguments by name, as given (for the memory-sharing check of the
     appended cache slots); ``max_seqlen_q``: as given; ``batch_k``: the cache rows (or page-table
     rows) there are.
     """
-    q, k_cache, k, page_table, capacity = call.q, call.k_cache, call.k, call.page_table, call.capacity
-    lists = dict(zip(BATCH_FIELDS, call.batch.tolist()))
-    seqlens_q, cache_rows, new_lens = lists["seqlens_q"], lists["cache_rows"], lists["new_lens"]
-    seqlens_c, leftpads, rotary_starts = lists["cache_seqlens"], lists["leftpads"], lists["rotary_starts"]
+    for name, values in zip(BATCH_FIELDS, call.batch.tolist()):  # (call is this validation's own object)
+        setattr(call, name, values)
+    _check_max_seqlen_q(call, max_seqlen_q)
+    _require_index_range("cache_batch_idx", call.cache_rows, 0, batch_k)
+    _check_cache_extents(call)
+    _check_pages(call)
+    _check_write_conflicts(call)
+    _check_rotary_rows(call)
+    _require_finite_logits(call)
+    _check_writes_unshared(call, arguments)
+    return call
+
+
+def _check_max_seqlen_q(call: KVCacheCall, max_seqlen_q) -> None:
+    """With varlen q, no sequence of ``cu_seqlens_q`` is longer than ``max_seqlen_q`` (the static bound)."""
+    seqlens_q = call.seqlens_q
     if call.varlen_q and max(seqlens_q, default=0) > call.seqlen_q_bound:
         raise ValueError(
             f"max_seqlen_q={max_seqlen_q} is smaller than the longest sequence in "
             f"cu_seqlens_q ({max(seqlens_q)})"
         )
-    _require_index_range("cache_batch_idx", cache_rows, 0, batch_k)
 
-    # Cache lengths and left padding.
+
+def _check_cache_extents(call: KVCacheCall) -> None:
+    """Each entry's cache: ``0 <= L_i <= C_i`` and ``C_i + N_i`` within the capacity."""
+    leftpads, seqlens_c, new_lens, capacity = call.leftpads, call.cache_seqlens, call.new_lens, call.capacity
     for i in range(call.batch_size):
         if not 0 <= leftpads[i] <= seqlens_c[i]:
             raise ValueError(
@@ -812,98 +1038,88 @@ def check_kvcache_values(call: KVCacheCall, arguments: dict, max_seqlen_q, batch
                 f"exceeds the cache capacity ({capacity} tokens per sequence)"
             )
 
-    # Pages actually touched must exist; writes must not collide.
-    if page_table is not None:
-        rows = page_table.tolist()
-        used = [p for i in range(call.batch_size)
-                for p in rows[cache_rows[i]][: -(-(seqlens_c[i] + new_lens[i]) // call.page_size)]]
-        _require_index_range("page_table", used, 0, k_cache.shape[0])
-    if call.appending:
-        # Two batch entries writing one cache slot would leave "any of the duplicates" (FA3 docs).
-        written = torch.cat([
-            flat_slot_index(k_cache, cache_rows[i], torch.arange(seqlens_c[i], seqlens_c[i] + new_lens[i]),
-                            page_table.cpu() if page_table is not None else None)
-            for i in range(call.batch_size)
-        ])
-        if written.unique().numel() != written.numel():
+
+def _check_pages(call: KVCacheCall) -> None:
+    """The pages an entry touches (the first ``ceil((C_i + N_i) / P)`` of its page-table row) exist."""
+    if call.page_table is None:
+        return
+    rows = call.page_table.tolist()
+    used = [p for i in range(call.batch_size)
+            for p in rows[call.cache_rows[i]][: -(-(call.cache_seqlens[i] + call.new_lens[i]) // call.page_size)]]
+    _require_index_range("page_table", used, 0, call.k_cache.shape[0])
+
+
+def _check_write_conflicts(call: KVCacheCall) -> None:
+    """No two batch entries append into one cache slot (FA3 would leave "any of the duplicates")."""
+    if not call.appending:
+        return
+    table = call.page_table.cpu() if call.page_table is not None else None
+    written = torch.cat([
+        flat_slot_index(call.k_cache, call.cache_rows[i],
+                        torch.arange(call.cache_seqlens[i], call.cache_seqlens[i] + call.new_lens[i]), table)
+        for i in range(call.batch_size)
+    ])
+    if written.unique().numel() != written.numel():
+        raise ValueError(
+            "two batch entries would write the same cache slot (duplicate cache_batch_idx "
+            "rows or shared pages among the appended positions)"
+        )
+
+
+def _check_rotary_rows(call: KVCacheCall) -> None:
+    """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + Sq - 1``
+    unless the queries' position is fixed) for the queries."""
+    rotary_cos, rotary_starts = call.rotary_cos, call.rotary_starts
+    if rotary_cos is None:
+        return
+    for i in range(call.batch_size):
+        seqlen_q, new_len = call.seqlens_q[i], call.new_lens[i]
+        q_rows = 0 if call.only_qv or seqlen_q == 0 else 1 if call.rotary_q_fixed_position else seqlen_q
+        if max(new_len, q_rows) == 0:
+            continue
+        if rotary_starts[i] < 0:  # would wrap to the table's last rows (PyTorch) or read before it
+            _require_index_range("rotary_seqlens", [rotary_starts[i]], 0, rotary_cos.shape[0])
+        last_key, last_q = rotary_starts[i] + new_len, rotary_starts[i] + q_rows
+        if max(last_key, last_q) > rotary_cos.shape[0]:
             raise ValueError(
-                "two batch entries would write the same cache slot (duplicate cache_batch_idx "
-                "rows or shared pages among the appended positions)"
+                f"batch entry {i}: rotary positions up to {max(last_key, last_q) - 1} are "
+                f"needed, but rotary_cos has only {rotary_cos.shape[0]} rows"
             )
 
-    # Rotary table rows read: P0 .. P0 + N - 1 for the keys, P0 (.. P0 + sq - 1) for the queries.
-    rotary_cos = call.rotary_cos
-    if rotary_cos is not None:
-        for i in range(call.batch_size):
-            q_rows = 0 if call.only_qv or seqlens_q[i] == 0 else 1 if call.rotary_q_fixed_position else seqlens_q[i]
-            if max(new_lens[i], q_rows) == 0:
-                continue
-            if rotary_starts[i] < 0:  # would wrap to the table's last rows (PyTorch) or read before it
-                _require_index_range("rotary_seqlens", [rotary_starts[i]], 0, rotary_cos.shape[0])
-            last_key, last_q = rotary_starts[i] + new_lens[i], rotary_starts[i] + q_rows
-            if max(last_key, last_q) > rotary_cos.shape[0]:
-                raise ValueError(
-                    f"batch entry {i}: rotary positions up to {max(last_key, last_q) - 1} are "
-                    f"needed, but rotary_cos has only {rotary_cos.shape[0]} rows"
-                )
 
-    if call.softcap == 0 and abs(call.softmax_scale) > LARGE_SCALE:
-        _require_finite_logits(call.softmax_scale, q, k_cache, call.v_cache, k, call.v, call.qv, call.only_qv,
-                               call.rotary_cos is not None, (call.q_descale, call.k_descale) if call.is_fp8 else ())
+def _require_finite_logits(call: KVCacheCall) -> None:
+    """With a huge ``softmax_scale`` (``|scale| >`` :data:`LARGE_SCALE`, no softcap) the logits
+    ``scale · s`` can leave float32 (FA3 then returns NaN): refuse the call if
+    ``|scale| · Σ_c max|q_c| · max|k_c|`` (plus the ``qv · V`` term) can reach float32's range, with
+    ``|s|`` bounded by head dim x largest entries (rotary at most doubles an entry, an fp8 descale
+    multiplies it)."""
+    scale = call.softmax_scale
+    if not (call.softcap == 0 and abs(scale) > LARGE_SCALE):
+        return
 
-    # The appended cache slots must not be memory of another argument.
-    if call.appending:
-        starts = _storage_starts(arguments)
-        for name in ("k_cache", "v_cache"):
-            offsets = lambda cache=arguments[name]: _cache_write_offsets(  # noqa: E731
-                cache, page_table, cache_rows, seqlens_c, new_lens)
-            _require_unshared(name, offsets, arguments, starts)
-    for name, values in lists.items():  # (call is this validation's own object)
-        setattr(call, name, values)
-    return call
-
-
-def _require_finite_logits(scale, q, k_cache, v_cache, k, v, qv, only_qv, rotary, descales) -> None:
-    """With a huge ``softmax_scale`` the logits ``scale · s`` can leave float32 (FA3 then returns NaN):
-    refuse the call if ``|scale| · Σ_c max|q_c| · max|k_c|`` (plus the ``qv · V`` term) can reach
-    float32's range, with ``|s|`` bounded by head dim x largest entries (rotary at most doubles an
-    entry, an fp8 descale multiplies it)."""
     def largest(*tensors):
         found = [t[i].float().abs().max().item() for t in tensors if t is not None for i in range(t.shape[0])
                  if t[i].numel()]
         return max(found, default=0.0)
 
-    growth = (2.0 if rotary else 1.0) ** 2
-    for d in descales:
+    growth = (2.0 if call.rotary_cos is not None else 1.0) ** 2
+    for d in ((call.q_descale, call.k_descale) if call.is_fp8 else ()):
         growth *= largest(d) if d is not None else 1.0
-    bound = 0.0 if only_qv else q.shape[-1] * largest(q) * largest(k_cache, k) * growth
-    if qv is not None:
-        bound += qv.shape[-1] * largest(qv) * largest(v_cache, v)
+    bound = 0.0 if call.only_qv else call.q.shape[-1] * largest(call.q) * largest(call.k_cache, call.k) * growth
+    if call.qv is not None:
+        bound += call.qv.shape[-1] * largest(call.qv) * largest(call.v_cache, call.v)
     bound *= abs(scale)
     if bound > FLOAT32_MAX / 4:  # margin for the base-2 logits and the log-sum-exp
         raise ValueError(f"softmax_scale={scale!r} can make the logits overflow float32 for these inputs "
                          f"(|softmax_scale · q·k| up to {bound:.3g}); use a smaller softmax_scale")
 
 
-def _is_three(ver) -> bool:
-    """sglang's ``ver != 3`` test, for any ``ver`` (a value whose comparison fails is not 3)."""
-    try:
-        return not bool(ver != 3)
-    except (TypeError, ValueError, RuntimeError):  # e.g. a multi-element tensor (ambiguous truth value)
-        return False
-
-
-def _default_scale(what: str, dims: int) -> float:
-    """sglang's default ``softmax_scale = dims ** -0.5``, undefined for a zero head dim."""
-    if dims == 0:
-        raise ValueError(f"softmax_scale=None means {what} ** -0.5, which is undefined for a head dim "
-                         f"of 0; pass softmax_scale")
-    return dims ** (-0.5)
-
-
-def _require_int(name: str, x) -> int:
-    """An int argument (Python / numpy int or integer 1-element tensor; not a bool)."""
-    value = _int64(x)
-    if value is None:
-        raise TypeError(f"{name} must be an int in int64 range, got {x!r}")
-    return value
+def _check_writes_unshared(call: KVCacheCall, arguments: dict) -> None:
+    """The appended cache slots (:func:`_cache_write_offsets`) are not memory of another argument."""
+    if not call.appending:
+        return
+    starts = _storage_starts(arguments)
+    for name in ("k_cache", "v_cache"):
+        offsets = lambda cache=arguments[name]: _cache_write_offsets(  # noqa: E731
+            cache, call.page_table, call.cache_rows, call.cache_seqlens, call.new_lens)
+        _require_unshared(name, offsets, arguments, starts)

@@ -67,30 +67,51 @@ def attention_with_lse(
     """
     sq, h = (qv if only_qv else q).shape[:2]
     n, h_k, dv = v.shape
-    g = h // h_k
     seqlen_k = n if seqlen_k is None else seqlen_k
     kf, vf = k.float(), v.float()
+    sinks = None if sinks is None else sinks.float().view(h_k, h // h_k)
     out = torch.empty(sq, h, dv, dtype=torch.float32, device=v.device)
     lse = torch.empty(h, sq, dtype=torch.float32, device=v.device)
     rows_per_chunk = max(1, MAX_SCORE_ELEMENTS // max(1, h * n))
     for r0 in range(0, sq, rows_per_chunk):
         r1 = min(sq, r0 + rows_per_chunk)
-        if only_qv:  # scores (h_k, g, rows, n)
-            scores = torch.einsum("rkgd,nkd->kgrn", qv[r0:r1].float().view(r1 - r0, h_k, g, dv), vf)
-        else:
-            scores = torch.einsum("rkgd,nkd->kgrn", q[r0:r1].float().view(r1 - r0, h_k, g, -1), kf)
-            if qv is not None:
-                scores += torch.einsum("rkgd,nkd->kgrn", qv[r0:r1].float().view(r1 - r0, h_k, g, dv), vf)
-        # In place from here on: the score tensor is the largest allocation of the call.
-        if softcap > 0:
-            logits = scores.mul_(softmax_scale / softcap).tanh_().mul_(softcap)
-        else:
-            logits = scores.mul_(softmax_scale)
+        scores = _scores(None if only_qv else q[r0:r1], kf, vf, None if qv is None else qv[r0:r1], only_qv)
+        logits = _logits(scores, softmax_scale, softcap)  # (h_k, g, rows, n), in place
         visible = visible_keys(sq, seqlen_k, causal, window_size, attention_chunk, v.device, r0, r1)
         logits.masked_fill_(~visible[:, key_offset:key_offset + n], float("-inf"))
-        o, l = _softmax_state(logits, vf, None if sinks is None else sinks.float().view(h_k, g))
+        o, l = _softmax_state(logits, vf, sinks)
         out[r0:r1], lse[:, r0:r1] = o.reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0)
     return out, lse
+
+
+def _scores(q: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor, qv: Optional[torch.Tensor],
+            only_qv: bool) -> torch.Tensor:
+    """Scores ``q·kᵀ (+ qv·vᵀ)``, or ``qv·vᵀ`` alone when ``only_qv``, grouped by KV head.
+
+    ``q (rows, h, d)``, ``qv (rows, h, dv)`` (or None), ``k (n, h_k, d)``, ``v (n, h_k, dv)`` fp32.
+    Returns fp32 ``(h_k, g, rows, n)``, ``g = h / h_k`` query heads per KV head.
+    """
+    h_k = v.shape[1]
+    if only_qv:
+        return torch.einsum("rkgd,nkd->kgrn", _by_kv_head(qv, h_k), v)
+    scores = torch.einsum("rkgd,nkd->kgrn", _by_kv_head(q, h_k), k)
+    if qv is not None:
+        scores += torch.einsum("rkgd,nkd->kgrn", _by_kv_head(qv, h_k), v)
+    return scores
+
+
+def _by_kv_head(x: torch.Tensor, h_k: int) -> torch.Tensor:
+    """``(rows, h, dim)`` -> fp32 ``(rows, h_k, g, dim)``: the query heads grouped by their KV head."""
+    rows, h, dim = x.shape
+    return x.float().view(rows, h_k, h // h_k, dim)
+
+
+def _logits(scores: torch.Tensor, softmax_scale: float, softcap: float) -> torch.Tensor:
+    """Logits ``scale · s``, or ``softcap · tanh(scale · s / softcap)`` with ``softcap > 0`` (before the
+    mask), computed in place: the score tensor is the largest allocation of the call."""
+    if softcap > 0:
+        return scores.mul_(softmax_scale / softcap).tanh_().mul_(softcap)
+    return scores.mul_(softmax_scale)
 
 
 def _softmax_state(

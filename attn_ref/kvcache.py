@@ -145,7 +145,7 @@ def attend(call: KVCacheCall):
     # Work in the varlen layout (rows = tokens); the batched layout is a reshape at the end.
     out_rows = torch.zeros(total_q, h, dv, dtype=torch.float32, device=device)
     lse_rows = torch.full((h, total_q), float("inf") if call.empty_kv else float("-inf"), device=device)
-    accum = torch.zeros(n_splits, h, total_q, dv, device=device) if n_splits > 1 else None
+    accum = torch.zeros(n_splits, total_q, h, dv, device=device) if n_splits > 1 else None
     lse_accum = torch.full((n_splits, h, total_q), float("-inf"), device=device) if n_splits > 1 else None
     row = 0
     for i in range(call.batch_size):
@@ -154,26 +154,20 @@ def attend(call: KVCacheCall):
         if call.empty_kv or call.num_heads == 0:
             continue
         partials = _split_states(call, i, n_splits)
-        o, lse = reduce(lambda a, b: merge_attention_states(*a, *b), partials)
-        out_rows[rows], lse_rows[:, rows] = o, lse.T
-        if accum is not None:
-            for s, (o_s, lse_s) in enumerate(partials):
-                accum[s, :, rows], lse_accum[s, :, rows] = o_s.transpose(0, 1), lse_s.T
+        _store_state(_merge_states(partials), rows, out_rows, lse_rows)
+        for s, partial in enumerate(partials if accum is not None else []):
+            _store_state(partial, rows, accum[s], lse_accum[s])
     return _to_caller_layout(call, out_rows, lse_rows, accum, lse_accum)
 
 
 def _split_states(call: KVCacheCall, i: int, n_splits: int):
-    """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split."""
-    sq, sk = call.seqlens_q[i], call.seqlens_k[i]
+    """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split: what
+    the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute together."""
+    sk = call.seqlens_k[i]
+    q, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
     positions = torch.arange(call.leftpads[i], call.leftpads[i] + sk)
     k = gather_cache(call.k_cache, call.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, d)
     v = gather_cache(call.v_cache, call.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, dv)
-    q = _rows(call.q, call, i, sq, call.q_starts[i]).float()  # (sq, h, d)
-    qv = _rows(call.qv, call, i, sq, call.q_starts[i]) if call.qv is not None else None
-    if call.rotary_dim and not call.only_qv:
-        start = call.rotary_starts[i]
-        ro_positions = torch.full((sq,), start) if call.rotary_q_fixed_position else torch.arange(start, start + sq)
-        q = apply_rotary(q, call.rotary_cos, call.rotary_sin, ro_positions.to(q.device), call.rotary_interleaved)
     if call.is_fp8:
         q, k, v = _dequantize(call, i, q, k, v)
     states = []
@@ -188,6 +182,19 @@ def _split_states(call: KVCacheCall, i: int, n_splits: int):
     return states
 
 
+def _load_q(call: KVCacheCall, i: int):
+    """``(q, qv)`` of batch entry ``i``: q ``(sq, h, d)`` fp32, rotated at ``P0 + row`` (or at ``P0`` for
+    every row when the call is neither causal nor local), and qv ``(sq, h, dv)`` or None."""
+    sq, start = call.seqlens_q[i], call.q_starts[i]
+    q = _rows(call.q, i, sq, start).float()
+    qv = _rows(call.qv, i, sq, start) if call.qv is not None else None
+    if call.rotary_dim and not call.only_qv:
+        p0 = call.rotary_starts[i]
+        positions = torch.full((sq,), p0) if call.rotary_q_fixed_position else torch.arange(p0, p0 + sq)
+        q = apply_rotary(q, call.rotary_cos, call.rotary_sin, positions.to(q.device), call.rotary_interleaved)
+    return q, qv
+
+
 def _dequantize(call: KVCacheCall, i: int, q, k, v):
     """fp8 inputs: ``x * x_descale[i, g]`` per KV head ``g`` (q's factor repeated over its query heads)."""
     group = call.num_heads // call.num_heads_k
@@ -200,22 +207,38 @@ def _dequantize(call: KVCacheCall, i: int, q, k, v):
     return scaled(q, call.q_descale, group), scaled(k, call.k_descale, 1), scaled(v, call.v_descale, 1)
 
 
-def _rows(x: torch.Tensor, call: KVCacheCall, i: int, n: int, start: int) -> torch.Tensor:
+def _merge_states(partials):
+    """One state ``(out (sq, h, dv), lse (sq, h))`` from the split states, folded in split order with
+    :func:`attn_ref.merge.merge_attention_states`."""
+    return reduce(lambda a, b: merge_attention_states(*a, *b), partials)
+
+
+def _store_state(state, rows: slice, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Write ``state = (out (sq, h, dv), lse (sq, h))`` of one batch entry into its ``rows`` of the
+    rows-first results ``out (total_q, h, dv)`` and ``lse (h, total_q)``."""
+    out[rows], lse[:, rows] = state[0], state[1].T
+
+
+def _rows(x: torch.Tensor, i: int, n: int, start: int) -> torch.Tensor:
     """Tokens of batch entry ``i``: ``x[i, :n]`` (batched layout) or ``x[start:start + n]`` (packed)."""
     return x[start:start + n] if x.dim() == 3 else x[i, :n]
 
 
 def _to_caller_layout(call: KVCacheCall, out_rows, lse_rows, accum, lse_accum):
-    """Rows-first results -> ``(b, sq, ...)`` / ``(b, h, sq)`` unless the queries were packed."""
+    """Rows-first results -> ``(b, sq, ...)`` / ``(b, h, sq)`` unless the queries were packed; split
+    partials ``(n, total_q, h, dv)`` -> ``(n, b, h, sq, dv)`` / ``(n, h, total_q, dv)``."""
     out_rows = out_rows.to(call.out_dtype)
+    h, dv = call.num_heads, call.head_dim_v
+    if accum is not None:
+        accum = accum.transpose(1, 2).contiguous()  # (n, h, total_q, dv)
     if not call.varlen_q:
         b, sq = call.batch_size, call.q.shape[1]
-        out_rows = out_rows.view(b, sq, call.num_heads, call.head_dim_v)
-        lse_rows = lse_rows.view(call.num_heads, b, sq).transpose(0, 1).contiguous()
+        out_rows = out_rows.view(b, sq, h, dv)
+        lse_rows = lse_rows.view(h, b, sq).transpose(0, 1).contiguous()
         if accum is not None:
             n = accum.shape[0]
-            accum = accum.view(n, call.num_heads, b, sq, call.head_dim_v).transpose(1, 2).contiguous()
-            lse_accum = lse_accum.view(n, call.num_heads, b, sq).transpose(1, 2).contiguous()
+            accum = accum.view(n, h, b, sq, dv).transpose(1, 2).contiguous()
+            lse_accum = lse_accum.view(n, h, b, sq).transpose(1, 2).contiguous()
     if call.out is not None:
         call.out.copy_(out_rows)
         out_rows = call.out

@@ -36,15 +36,19 @@ def merge_attention_states(
     for both states. Returns fp32 ``(out (..., dim), lse (...))``.
     """
     check_merge_states(out_a, lse_a, out_b, lse_b)
-    lse_a = _no_plus_inf(lse_a.float())
-    lse_b = _no_plus_inf(lse_b.float())
+    return _merge_pair(out_a.float(), lse_a.float(), out_b.float(), lse_b.float())
+
+
+def _merge_pair(out_a, lse_a, out_b, lse_b):
+    """The ⊕ of two checked fp32 states ``out (..., dim)``, ``lse (...)``: ``(out (..., dim), lse (...))``."""
+    lse_a, lse_b = _no_plus_inf(lse_a), _no_plus_inf(lse_b)
     m = torch.maximum(lse_a, lse_b)
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # both -inf: weights 0, not NaN
     w_a, w_b = torch.exp(lse_a - m_safe), torch.exp(lse_b - m_safe)
     total = w_a + w_b
     lse = m_safe + torch.log(total)  # log(0) = -inf for a row with no key on either side
     inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
-    out = (w_a * inv)[..., None] * out_a.float() + (w_b * inv)[..., None] * out_b.float()
+    out = (w_a * inv)[..., None] * out_a + (w_b * inv)[..., None] * out_b
     return out, lse
 
 

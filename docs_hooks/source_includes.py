@@ -17,10 +17,10 @@ a definition that no longer exists fails the build. A dotted name (``"KVCacheCal
 into a class; a module-level assignment (``"REFERENCE_BACKEND"``) is found by its target name.
 ``{{ source("attn_ref/kvcache.py", "attend", body=True) }}`` shows only the statements after the
 signature and docstring (for functions whose signature is shown elsewhere on the page), and
-``{{ source("kernels/attention.py", "_attention_with_lse_kernel", start="# ---- load q", stop="# ---- logit") }}``
+``{{ source("kernels/attention.py", "_attend_key_blocks", start="# ---- online softmax", stop="return") }}``
 only a part of the definition: from its first line that contains ``start`` up to (not including) the
 next line that contains ``stop`` (without ``stop``: to the end), trailing blank lines dropped. Side-by-side
-pages use parts to pair pieces of similar size; text that is not found fails the build.
+pairs show whole pieces; text that is not found fails the build.
 """
 
 from __future__ import annotations

@@ -19,6 +19,14 @@ row ``m // G``, head ``g·G + m % G``. K/V blocks of ``BLOCK_N`` keys are theref
 ``G`` heads. Grid: ``(cdiv(sq, ROWS), b · h_k, num_splits)`` (varlen: ``max_seqlen_q`` for ``sq``, a
 static bound; programs past ``Sq_b`` rows exit at once).
 
+**Pieces**, in call order, each with a reference twin of the same name (side-by-side page
+``attention``): the program :func:`_split_states_kernel` (:func:`attn_ref.kvcache._split_states`)
+places its tile, loads it (:func:`_load_q`), folds the fp8 factors into the scale (:func:`_dequantize`),
+takes its split's keys (:func:`kernels.splits.split_bounds`), attends them (:func:`_attention_with_lse`
+over :func:`kernels.masks.tile_key_range`; its key loop :func:`_attend_key_blocks` uses
+:func:`_scores`, :func:`_logits` and :func:`kernels.masks.visible_keys`), normalises
+(:func:`_softmax_state`) and stores (:func:`_store_state`).
+
 **Online softmax** in fp32 and base 2: logits are kept as ``t = ℓ · log2(e)``, with a running max
 ``m``, sum ``l = Σ 2^{t - m}`` and ``acc = Σ 2^{t - m} V``. A block rescales by ``2^{m_old - m_new}``;
 while a row has seen no visible key its max is ``-inf`` and the shift used is 0, so nothing becomes
@@ -68,7 +76,7 @@ from .masks import tile_key_range, visible_keys
 from .numerics import LN2, LOG2E, split_parts, store_as, tanh
 from .paged import cache_slots
 from .rotary import apply_rotary
-from .splits import AttentionTiles
+from .splits import AttentionTiles, split_bounds
 
 
 @triton.jit
@@ -81,78 +89,6 @@ def _lanes_below(offs, N: tl.constexpr, BLOCK: tl.constexpr):
         return offs < N
 
 
-@triton.jit
-def _attend_key_blocks(
-    acc, m_i, l_i,  # (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32: running state
-    q, q_mid, q_lo,  # (BLOCK_M, BLOCK_D) in COMPUTE_DTYPE: q = q + q_mid + q_lo (Q_PARTS > 1: rotated q)
-    qv,  # (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE (unused without HAS_QV / ONLY_QV)
-    start, end,  # key range [start, end) to visit, in BLOCK_N steps
-    diag,  # (BLOCK_M,) int32: i + Sk - Sq, the bottom-right diagonal of each row
-    k1,  # int32: end of this split's keys
-    window_left, window_right, chunk,  # masks: window sides (-1 = unbounded), chunk size (0 = off)
-    logit_scale,  # fp32: scale · log2(e), or scale / softcap with SOFTCAP
-    softcap_log2,  # fp32: softcap · log2(e) (SOFTCAP only)
-    k_cache_ptr, v_cache_ptr,  # caches at this KV head (+ h·stride_h already added)
-    page_table_ptr, cache_row, leftpad,
-    stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
-    offs_d, offs_dv,  # (BLOCK_D,), (BLOCK_DV,) channel indices
-    d_ok, dv_ok,  # (BLOCK_D,), (BLOCK_DV,) bool: channels below D / DV
-    BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr,
-    HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
-    COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr,
-    MASKED: tl.constexpr,  # False only for blocks every row of the tile fully sees
-):
-    """Online softmax over the key blocks of ``[start, end)``; returns the updated ``(acc, m_i, l_i)``."""
-    for block_start in range(start, end, BLOCK_N):
-        offs_n = block_start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices j
-        if MASKED:
-            key_ok = offs_n < k1  # (BLOCK_N,)
-        else:
-            key_ok = tl.full((BLOCK_N,), 1, tl.int1)  # the block lies inside [k0, k1): no mask
-        positions = leftpad + offs_n  # (BLOCK_N,) cache positions L_b + j
-        k_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
-                                stride_kc_major, stride_kc_minor, page_size, PAGED)  # (BLOCK_N,) int64
-        v_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
-                                stride_vc_major, stride_vc_minor, page_size, PAGED)  # (BLOCK_N,) int64
-        v = tl.load(v_cache_ptr + v_slots[:, None] + offs_dv[None, :],
-                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_DV)
-
-        # ---- scores s = q·Kᵀ (+ qv·Vᵀ): (BLOCK_M, BLOCK_N) fp32 ---------------------------------
-        if ONLY_QV:
-            s = tl.dot(qv, tl.trans(v), input_precision=DOT_PRECISION)
-        else:
-            k = tl.load(k_cache_ptr + k_slots[:, None] + offs_d[None, :],
-                        mask=key_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_D)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-            if Q_PARTS > 1:
-                s += tl.dot(q_mid, tl.trans(k), input_precision=DOT_PRECISION)
-            if Q_PARTS > 2:
-                s += tl.dot(q_lo, tl.trans(k), input_precision=DOT_PRECISION)
-            if HAS_QV:
-                s += tl.dot(qv, tl.trans(v), input_precision=DOT_PRECISION)
-
-        # ---- logits in base 2, softcap before the mask --------------------------------------
-        if SOFTCAP:
-            t = tanh(s * logit_scale) * softcap_log2
-        else:
-            t = s * logit_scale
-        if MASKED:
-            # The mask test (kernels.masks): only the few masked blocks pay for it.
-            visible = visible_keys(offs_n, diag, window_left, window_right, chunk)  # (BLOCK_M, BLOCK_N)
-            t = tl.where(key_ok[None, :] & visible, t, float("-inf"))
-
-        # ---- online softmax update -------------------------------------------------------------
-        m_new = tl.maximum(m_i, tl.max(t, 1))  # (BLOCK_M,)
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.exp2(m_i - shift)  # (BLOCK_M,)
-        p = tl.exp2(t - shift[:, None])  # (BLOCK_M, BLOCK_N)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-    return acc, m_i, l_i
-
-
 # Triton specialises int arguments on divisibility by 16 (for vectorised loads) and on == 1; that
 # matters for the cache strides (the K/V stream) but not for per-call scalars or the q / out / lse
 # strides (read or written once per program), which would only multiply the compiled variants.
@@ -161,7 +97,7 @@ def _attend_key_blocks(
     "stride_descale", "stride_qb", "stride_qt", "stride_qh", "stride_qvb", "stride_qvt", "stride_qvh",
     "stride_os", "stride_ob", "stride_oh", "stride_ot", "stride_ls", "stride_lb", "stride_lh", "stride_lt",
 ])
-def _attention_with_lse_kernel(
+def _split_states_kernel(
     q_ptr,  # (b, sq, h, d) or (total_q, h, d)
     qv_ptr,  # (b, sq, h, dv) or (total_q, h, dv) (HAS_QV or ONLY_QV only)
     k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
@@ -199,120 +135,259 @@ def _attention_with_lse_kernel(
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_TO: tl.constexpr,
     Q_PARTS: tl.constexpr,  # 16-bit parts of the rotated q (1 without rotary or for fp32 tiles)
 ):
+    """One program: the state of ``ROWS`` query rows x ``G`` heads of one KV head over split ``split``."""
     ROWS: tl.constexpr = BLOCK_M // G  # query rows per tile
     pid_m, pid_bh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     batch, kv_head = pid_bh // H_K, pid_bh % H_K
     seqlen_q = tl.load(seqlens_q_ptr + batch)
     if pid_m * ROWS < seqlen_q:
-        q_start = tl.load(q_starts_ptr + batch)
-        cache_row = tl.load(cache_rows_ptr + batch)
-        leftpad = tl.load(leftpads_ptr + batch)
         seqlen_k = tl.load(seqlens_k_ptr + batch)
-        batch64 = batch.to(tl.int64)
-
+        token0 = tl.load(q_starts_ptr + batch)  # row of this entry's query 0 in the q / out tensors
+        batch64, kv_head64 = batch.to(tl.int64), kv_head.to(tl.int64)
         # ---- the M tile: ROWS query rows x G heads of this KV head ----------------------------
         offs_m = tl.arange(0, BLOCK_M)  # (BLOCK_M,)
         rows = pid_m * ROWS + offs_m // G  # (BLOCK_M,) query row i
-        heads = kv_head * G + offs_m % G  # (BLOCK_M,) query head
+        heads = (kv_head * G + offs_m % G).to(tl.int64)  # (BLOCK_M,) query head
         row_ok = (offs_m < ROWS * G) & (rows < seqlen_q)  # (BLOCK_M,)
-        token = (q_start + rows).to(tl.int64)  # (BLOCK_M,) row in the q / out tensors
-        heads64 = heads.to(tl.int64)
-        diag = rows + seqlen_k - seqlen_q  # (BLOCK_M,) i + Δ
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        d_ok = _lanes_below(offs_d, D, BLOCK_D)  # (BLOCK_D,)
-        dv_ok = _lanes_below(offs_dv, DV, BLOCK_DV)  # (BLOCK_DV,)
-
-        # ---- load q (rotated in fp32 if needed) and qv ------------------------------------------
-        q = tl.zeros((BLOCK_M, BLOCK_D), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_D)
-        q_mid = q  # (BLOCK_M, BLOCK_D): rotated q = q + q_mid + q_lo, exact to ~fp32
-        q_lo = q
-        if not ONLY_QV:
-            q_rows = q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads64[:, None] * stride_qh  # (BLOCK_M, 1)
-            q_mask = row_ok[:, None] & d_ok[None, :]
-            if ROTARY:
-                ro_start = tl.load(rotary_starts_ptr + batch)
-                if ROTARY_FIXED:
-                    ro_positions = ro_start + 0 * rows  # every row at P0
-                else:
-                    ro_positions = ro_start + rows  # row i at P0 + i
-                q_rotated = apply_rotary(q_rows, offs_d, q_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
-                                         rotary_dim, INTERLEAVED)  # (BLOCK_M, BLOCK_D) fp32
-                q, q_mid, q_lo = split_parts(q_rotated, COMPUTE_DTYPE, Q_PARTS)
-            else:
-                q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0).to(COMPUTE_DTYPE)
-        qv = tl.zeros((BLOCK_M, BLOCK_DV), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_DV)
-        if HAS_QV or ONLY_QV:
-            qv_ptrs = (qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt
-                       + heads64[:, None] * stride_qvh + offs_dv[None, :])
-            qv = tl.load(qv_ptrs, mask=row_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)
-
-        # ---- logit scale (fp8: times q_descale · k_descale of this batch entry and KV head) ----
-        scale = softmax_scale
-        if HAS_DESCALE:
-            descale_at = batch64 * stride_descale + kv_head
-            scale = scale * tl.load(q_descale_ptr + descale_at) * tl.load(k_descale_ptr + descale_at)
-        if SOFTCAP:
-            logit_scale = scale / softcap
-        else:
-            logit_scale = scale * LOG2E
-        softcap_log2 = softcap * LOG2E
-
-        # ---- key ranges: this split, the part some row sees, the part every row sees -----------
-        split_len = tl.cdiv(seqlen_k, num_splits)
-        k0 = tl.minimum(split * split_len, seqlen_k)
-        k1 = tl.minimum(k0 + split_len, seqlen_k)
-        first_row = pid_m * ROWS
-        lo, hi, full_lo, full_hi = tile_key_range(first_row, tl.minimum(first_row + ROWS, seqlen_q), seqlen_q, seqlen_k,
-                                                  k0, k1, window_left, window_right, chunk)
-        # Unmasked blocks: whole BLOCK_N blocks, counted from lo, lying inside [full_lo, full_hi).
-        unmasked_start = tl.minimum(lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK_N) * BLOCK_N, hi)
-        unmasked_end = unmasked_start + tl.maximum(full_hi - unmasked_start, 0) // BLOCK_N * BLOCK_N
-
-        # ---- online softmax over [lo, hi): masked head, unmasked middle, masked tail --------------
-        acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
-        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        k_head = k_cache_ptr + kv_head.to(tl.int64) * stride_kc_h
-        v_head = v_cache_ptr + kv_head.to(tl.int64) * stride_vc_h
-        for phase in tl.static_range(3):
-            if phase == 0:
-                start, end = lo, unmasked_start
-            elif phase == 1:
-                start, end = unmasked_start, unmasked_end
-            else:
-                start, end = unmasked_end, hi
-            acc, m_i, l_i = _attend_key_blocks(
-                acc, m_i, l_i, q, q_mid, q_lo, qv, start, end, diag, k1, window_left, window_right, chunk,
-                logit_scale, softcap_log2, k_head, v_head, page_table_ptr, cache_row, leftpad,
-                stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
-                offs_d, offs_dv, d_ok, dv_ok, BLOCK_N, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
-                COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS,
-                MASKED=phase != 1,
-            )
-
-        # ---- finalize: sink (split 0), normalise, natural-log LSE --------------------------------
-        if (has_sinks != 0) & (split == 0):
-            sink = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0).to(tl.float32) * LOG2E  # (BLOCK_M,)
-            m_fin = tl.maximum(m_i, sink)
-            shift = tl.where(m_fin == float("-inf"), 0.0, m_fin)
-            alpha = tl.exp2(m_i - shift)
-            l_i = l_i * alpha + tl.exp2(sink - shift)
-            acc = acc * alpha[:, None]
-            m_i = m_fin
-        has_mass = l_i > 0.0
-        inv_l = tl.where(has_mass, 1.0 / tl.where(has_mass, l_i, 1.0), 0.0)  # (BLOCK_M,)
-        if HAS_DESCALE:
-            inv_l = inv_l * tl.load(v_descale_ptr + descale_at)
-        out = acc * inv_l[:, None]  # (BLOCK_M, BLOCK_DV) fp32
-        lse = tl.where(has_mass, (m_i + tl.log2(tl.where(has_mass, l_i, 1.0))) * LN2, float("-inf"))  # (BLOCK_M,)
-
+        token = (token0 + rows).to(tl.int64)  # (BLOCK_M,) row in the q / out tensors
+        offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)  # (BLOCK_D,), (BLOCK_DV,)
+        d_ok, dv_ok = _lanes_below(offs_d, D, BLOCK_D), _lanes_below(offs_dv, DV, BLOCK_DV)
+        q, q_mid, q_lo, qv = _load_q(
+            q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads[:, None] * stride_qh,
+            qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt + heads[:, None] * stride_qvh,
+            rows, row_ok, offs_d, offs_dv, d_ok, dv_ok, rotary_starts_ptr + batch, cos_ptr, sin_ptr,
+            stride_rotary, rotary_dim, BLOCK_M, BLOCK_D, BLOCK_DV, HAS_QV, ONLY_QV, ROTARY, INTERLEAVED,
+            ROTARY_FIXED, COMPUTE_DTYPE, Q_PARTS)
+        descale_at = batch64 * stride_descale + kv_head
+        scale, v_scale = _dequantize(softmax_scale, q_descale_ptr + descale_at, k_descale_ptr + descale_at,
+                                     v_descale_ptr + descale_at, HAS_DESCALE)
+        k0, k1 = split_bounds(seqlen_k, split, num_splits)
+        out, lse = _attention_with_lse(
+            q, q_mid, q_lo, qv, rows, pid_m * ROWS, tl.minimum(pid_m * ROWS + ROWS, seqlen_q), seqlen_q, seqlen_k,
+            k0, k1, window_left, window_right, chunk, scale, softcap, sinks_ptr + heads, row_ok,
+            (has_sinks != 0) & (split == 0), v_scale, k_cache_ptr + kv_head64 * stride_kc_h,
+            v_cache_ptr + kv_head64 * stride_vc_h, page_table_ptr, tl.load(cache_rows_ptr + batch),
+            tl.load(leftpads_ptr + batch), stride_table, page_size, stride_kc_major, stride_kc_minor,
+            stride_vc_major, stride_vc_minor, offs_d, offs_dv, d_ok, dv_ok, BLOCK_M, BLOCK_N, BLOCK_DV,
+            PAGED, HAS_QV, ONLY_QV, SOFTCAP, COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS)
         split64 = split.to(tl.int64)
-        out_ptrs = (out_ptr + split64 * stride_os + batch64 * stride_ob + heads64[:, None] * stride_oh
-                    + token[:, None] * stride_ot + offs_dv[None, :])  # (BLOCK_M, BLOCK_DV)
-        store_as(out_ptrs, out, row_ok[:, None] & dv_ok[None, :], ROUND_TO)
-        lse_ptrs = lse_ptr + split64 * stride_ls + batch64 * stride_lb + heads64 * stride_lh + token * stride_lt
-        tl.store(lse_ptrs, lse, mask=row_ok)
+        _store_state(out_ptr + split64 * stride_os + batch64 * stride_ob, lse_ptr + split64 * stride_ls
+                     + batch64 * stride_lb, out, lse, heads, token, offs_dv, row_ok, dv_ok,
+                     stride_oh, stride_ot, stride_lh, stride_lt, ROUND_TO)
+
+
+@triton.jit
+def _load_q(
+    q_ptrs,  # (BLOCK_M, 1) pointers to channel 0 of each tile entry's q row (not read when ONLY_QV)
+    qv_ptrs,  # (BLOCK_M, 1) the same for qv (read with HAS_QV or ONLY_QV only)
+    rows, row_ok,  # (BLOCK_M,) int32 query row i, (BLOCK_M,) bool: entries to load
+    offs_d, offs_dv, d_ok, dv_ok,  # (BLOCK_D,), (BLOCK_DV,) channel indices and their masks
+    rotary_start_ptr,  # () int32: P0, the rotary position of query row 0 (ROTARY only)
+    cos_ptr, sin_ptr, stride_rotary, rotary_dim,  # rotary tables (ROTARY only)
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr,
+    ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_FIXED: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, Q_PARTS: tl.constexpr,
+):
+    """``(q, q_mid, q_lo, qv)``: the q tile ``(BLOCK_M, BLOCK_D)`` as ``Q_PARTS`` parts in COMPUTE_DTYPE
+    (``q + q_mid + q_lo``: rotated in fp32 at ``P0 + i``, or ``P0`` when ROTARY_FIXED, and split so that
+    ``q·K`` keeps fp32 accuracy; zero parts unused) and the qv tile ``(BLOCK_M, BLOCK_DV)`` (zeros without qv)."""
+    q = tl.zeros((BLOCK_M, BLOCK_D), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_D)
+    q_mid = q
+    q_lo = q
+    if not ONLY_QV:
+        q_mask = row_ok[:, None] & d_ok[None, :]  # (BLOCK_M, BLOCK_D)
+        if ROTARY:
+            if ROTARY_FIXED:
+                positions = tl.load(rotary_start_ptr) + 0 * rows  # (BLOCK_M,) every row at P0
+            else:
+                positions = tl.load(rotary_start_ptr) + rows  # (BLOCK_M,) row i at P0 + i
+            q_rotated = apply_rotary(q_ptrs, offs_d, q_mask, positions, cos_ptr, sin_ptr, stride_rotary,
+                                     rotary_dim, INTERLEAVED)  # (BLOCK_M, BLOCK_D) fp32
+            q, q_mid, q_lo = split_parts(q_rotated, COMPUTE_DTYPE, Q_PARTS)
+        else:
+            q = tl.load(q_ptrs + offs_d[None, :], mask=q_mask, other=0.0).to(COMPUTE_DTYPE)
+    qv = tl.zeros((BLOCK_M, BLOCK_DV), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_DV)
+    if HAS_QV or ONLY_QV:
+        qv = tl.load(qv_ptrs + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)
+    return q, q_mid, q_lo, qv
+
+
+@triton.jit
+def _dequantize(softmax_scale, q_descale_ptr, k_descale_ptr, v_descale_ptr, HAS_DESCALE: tl.constexpr):
+    """fp8: ``(softmax_scale · q_descale · k_descale, v_descale)`` of this batch entry and KV head (the
+    pointers are at ``[b, g]``), folded into the logit scale and the output instead of multiplying q, K
+    and V; ``(softmax_scale, 1)`` without descales."""
+    scale = softmax_scale
+    v_scale = 1.0
+    if HAS_DESCALE:
+        scale = scale * tl.load(q_descale_ptr) * tl.load(k_descale_ptr)
+        v_scale = tl.load(v_descale_ptr)
+    return scale, v_scale
+
+
+@triton.jit
+def _attention_with_lse(
+    q, q_mid, q_lo,  # (BLOCK_M, BLOCK_D) in COMPUTE_DTYPE: q = q + q_mid + q_lo
+    qv,  # (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE (read with HAS_QV / ONLY_QV only)
+    rows,  # (BLOCK_M,) int32: query row i of each tile entry
+    row_start, row_end,  # the tile's rows [row_start, row_end)
+    seqlen_q, seqlen_k, k0, k1,  # the sequence's lengths; this split's keys [k0, k1)
+    window_left, window_right, chunk,  # masks: window sides (-1 = unbounded), chunk size (0 = off)
+    softmax_scale, softcap,  # fp32 (softcap only read with SOFTCAP)
+    sink_ptrs, row_ok, add_sink,  # (BLOCK_M,) pointers to each entry's sink logit; (BLOCK_M,) bool; bool
+    v_scale,  # fp32: output factor (fp8 v_descale, else 1)
+    k_cache_ptr, v_cache_ptr,  # caches at this KV head (+ h·stride_h already added)
+    page_table_ptr, cache_row, leftpad,
+    stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
+    offs_d, offs_dv, d_ok, dv_ok,  # (BLOCK_D,), (BLOCK_DV,) channel indices and masks
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, PAGED: tl.constexpr,
+    HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr,
+):
+    """``(out (BLOCK_M, BLOCK_DV), lse (BLOCK_M,))`` fp32: the tile's attention over the keys ``[k0, k1)``
+    of a sequence of ``seqlen_k`` keys, with the masks of the whole sequence (the reference's
+    ``attention_with_lse`` with ``key_offset = k0``). Only ``[lo, hi)`` is visited; inside it the whole
+    ``BLOCK_N`` blocks of ``[full_lo, full_hi)`` run without a mask, the blocks before and after masked."""
+    diag = rows + seqlen_k - seqlen_q  # (BLOCK_M,) i + Δ, the bottom-right diagonal of each row
+    lo, hi, full_lo, full_hi = tile_key_range(row_start, row_end, seqlen_q, seqlen_k, k0, k1,
+                                              window_left, window_right, chunk)
+    unmasked_start = tl.minimum(lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK_N) * BLOCK_N, hi)
+    unmasked_end = unmasked_start + tl.maximum(full_hi - unmasked_start, 0) // BLOCK_N * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)  # (BLOCK_M, BLOCK_DV) Σ 2^{t - m} V
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)  # (BLOCK_M,) running max of t
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)  # (BLOCK_M,) Σ 2^{t - m}
+    for phase in tl.static_range(3):  # masked head, unmasked middle, masked tail
+        if phase == 0:
+            start, end = lo, unmasked_start
+        elif phase == 1:
+            start, end = unmasked_start, unmasked_end
+        else:
+            start, end = unmasked_end, hi
+        acc, m_i, l_i = _attend_key_blocks(
+            acc, m_i, l_i, q, q_mid, q_lo, qv, start, end, diag, k1, window_left, window_right, chunk,
+            softmax_scale, softcap, k_cache_ptr, v_cache_ptr, page_table_ptr, cache_row, leftpad,
+            stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
+            offs_d, offs_dv, d_ok, dv_ok, BLOCK_N, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
+            COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS, MASKED=phase != 1,
+        )
+    return _softmax_state(acc, m_i, l_i, sink_ptrs, row_ok, add_sink, v_scale)
+
+
+@triton.jit
+def _attend_key_blocks(
+    acc, m_i, l_i,  # (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32: running state
+    q, q_mid, q_lo, qv,  # the q parts (BLOCK_M, BLOCK_D) and qv (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE
+    start, end,  # key range [start, end) to visit, in BLOCK_N steps
+    diag,  # (BLOCK_M,) int32: i + Sk - Sq, the bottom-right diagonal of each row
+    k1,  # int32: end of this split's keys
+    window_left, window_right, chunk,  # masks: window sides (-1 = unbounded), chunk size (0 = off)
+    softmax_scale, softcap,  # fp32
+    k_cache_ptr, v_cache_ptr,  # caches at this KV head (+ h·stride_h already added)
+    page_table_ptr, cache_row, leftpad,
+    stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
+    offs_d, offs_dv,  # (BLOCK_D,), (BLOCK_DV,) channel indices
+    d_ok, dv_ok,  # (BLOCK_D,), (BLOCK_DV,) bool: channels below D / DV
+    BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
+    HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr,
+    MASKED: tl.constexpr,  # False only for blocks every row of the tile fully sees
+):
+    """Online softmax over the key blocks of ``[start, end)``; returns the updated ``(acc, m_i, l_i)``."""
+    for block_start in range(start, end, BLOCK_N):
+        offs_n = block_start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices j
+        if MASKED:
+            key_ok = offs_n < k1  # (BLOCK_N,)
+        else:
+            key_ok = tl.full((BLOCK_N,), 1, tl.int1)  # the block lies inside [k0, k1): no mask
+        positions = leftpad + offs_n  # (BLOCK_N,) cache positions L_b + j
+        v_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
+                              stride_vc_major, stride_vc_minor, page_size, PAGED)  # (BLOCK_N,) int64
+        v = tl.load(v_cache_ptr + v_slots[:, None] + offs_dv[None, :],
+                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_DV)
+        if ONLY_QV:
+            k = v  # not read
+        else:
+            k_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
+                                  stride_kc_major, stride_kc_minor, page_size, PAGED)  # (BLOCK_N,) int64
+            k = tl.load(k_cache_ptr + k_slots[:, None] + offs_d[None, :],
+                        mask=key_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_D)
+        t = _logits(_scores(q, q_mid, q_lo, qv, k, v, HAS_QV, ONLY_QV, DOT_PRECISION, Q_PARTS),
+                    softmax_scale, softcap, SOFTCAP)  # (BLOCK_M, BLOCK_N) fp32, base 2
+        if MASKED:
+            # The mask test (kernels.masks): only the few masked blocks pay for it.
+            visible = visible_keys(offs_n, diag, window_left, window_right, chunk)  # (BLOCK_M, BLOCK_N)
+            t = tl.where(key_ok[None, :] & visible, t, float("-inf"))
+        # ---- online softmax update -------------------------------------------------------------
+        m_new = tl.maximum(m_i, tl.max(t, 1))  # (BLOCK_M,)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp2(m_i - shift)  # (BLOCK_M,)
+        p = tl.exp2(t - shift[:, None])  # (BLOCK_M, BLOCK_N)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE_DTYPE), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _scores(q, q_mid, q_lo, qv, k, v, HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            Q_PARTS: tl.constexpr):
+    """``(BLOCK_M, BLOCK_N)`` fp32 scores ``q·Kᵀ (+ qv·Vᵀ)``, or ``qv·Vᵀ`` alone when ONLY_QV, of the q
+    parts ``(BLOCK_M, BLOCK_D)``, qv ``(BLOCK_M, BLOCK_DV)``, k ``(BLOCK_N, BLOCK_D)``, v ``(BLOCK_N, BLOCK_DV)``."""
+    if ONLY_QV:
+        s = tl.dot(qv, tl.trans(v), input_precision=DOT_PRECISION)
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if Q_PARTS > 1:
+            s += tl.dot(q_mid, tl.trans(k), input_precision=DOT_PRECISION)
+        if Q_PARTS > 2:
+            s += tl.dot(q_lo, tl.trans(k), input_precision=DOT_PRECISION)
+        if HAS_QV:
+            s += tl.dot(qv, tl.trans(v), input_precision=DOT_PRECISION)
+    return s
+
+
+@triton.jit
+def _logits(s, softmax_scale, softcap, SOFTCAP: tl.constexpr):
+    """Logits in base 2, ``t = ℓ · log2(e)``: ``ℓ = scale · s``, or ``softcap · tanh(scale · s / softcap)``
+    (before the mask), of the scores ``s (BLOCK_M, BLOCK_N)``."""
+    if SOFTCAP:
+        t = tanh(s * (softmax_scale / softcap)) * (softcap * LOG2E)
+    else:
+        t = s * (softmax_scale * LOG2E)
+    return t
+
+
+@triton.jit
+def _softmax_state(acc, m_i, l_i, sink_ptrs, row_ok, add_sink, v_scale):
+    """``(out (BLOCK_M, BLOCK_DV), lse (BLOCK_M,))`` fp32 of the running state (``acc (BLOCK_M, BLOCK_DV)``,
+    base-2 ``m_i``, ``l_i (BLOCK_M,)``): with ``add_sink`` the sink logits at ``sink_ptrs (BLOCK_M,)`` join
+    ``l``; ``out = v_scale · acc / l`` and ``lse = ln 2 · (m + log2 l)``, or 0 and ``-inf`` when ``l = 0``."""
+    if add_sink:
+        sink = tl.load(sink_ptrs, mask=row_ok, other=0.0).to(tl.float32) * LOG2E  # (BLOCK_M,)
+        m_fin = tl.maximum(m_i, sink)
+        shift = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+        alpha = tl.exp2(m_i - shift)
+        l_i = l_i * alpha + tl.exp2(sink - shift)
+        acc = acc * alpha[:, None]
+        m_i = m_fin
+    has_mass = l_i > 0.0
+    inv_l = tl.where(has_mass, 1.0 / tl.where(has_mass, l_i, 1.0), 0.0) * v_scale  # (BLOCK_M,)
+    out = acc * inv_l[:, None]  # (BLOCK_M, BLOCK_DV)
+    lse = tl.where(has_mass, (m_i + tl.log2(tl.where(has_mass, l_i, 1.0))) * LN2, float("-inf"))  # (BLOCK_M,)
+    return out, lse
+
+
+@triton.jit
+def _store_state(out_ptr, lse_ptr, out, lse, heads, token, offs_dv, row_ok, dv_ok,
+                 stride_oh, stride_ot, stride_lh, stride_lt, ROUND_TO: tl.constexpr):
+    """Write the tile's state: ``out (BLOCK_M, BLOCK_DV)`` rounded once into the output (or fp32 partial)
+    dtype and ``lse (BLOCK_M,)``, at head ``heads`` and row ``token`` (``(BLOCK_M,)`` int64) of
+    ``out_ptr`` / ``lse_ptr`` (already at this split and batch entry)."""
+    out_ptrs = out_ptr + heads[:, None] * stride_oh + token[:, None] * stride_ot + offs_dv[None, :]  # (BLOCK_M, BLOCK_DV)
+    store_as(out_ptrs, out, row_ok[:, None] & dv_ok[None, :], ROUND_TO)
+    tl.store(lse_ptr + heads * stride_lh + token * stride_lt, lse, mask=row_ok)  # (BLOCK_M,)
 
 
 def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
@@ -368,7 +443,7 @@ def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_s
         ROUND_TO=explicit_rounding(out.dtype), Q_PARTS=rotated_q_parts(q.dtype) if rotary else 1,
     )
     grid = (m_blocks, call.batch_size * call.num_heads_k, num_splits)
-    return Launch(_attention_with_lse_kernel, grid, args, constexprs, num_warps=tiles.num_warps,
+    return Launch(_split_states_kernel, grid, args, constexprs, num_warps=tiles.num_warps,
                   num_stages=tiles.num_stages, dummy_device=vc.device)
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import triton
+import triton.language as tl
 
 from attn_ref.validation import MAX_NUM_SPLITS
 
@@ -47,6 +48,15 @@ from .launch import INTERPRETING, next_power_of_2
 
 #: Fewest key blocks a split should hold when the heuristic splits.
 MIN_BLOCKS_PER_SPLIT = 4
+
+
+@triton.jit
+def split_bounds(seqlen_k, split, num_splits):
+    """``(k0, k1)`` int32: the keys ``[k0, k1)`` of split ``split`` of ``num_splits`` over ``[0, seqlen_k)``
+    (entry ``split`` of :func:`attn_ref.splits.split_bounds`)."""
+    length = tl.cdiv(seqlen_k, num_splits)
+    k0 = tl.minimum(split * length, seqlen_k)
+    return k0, tl.minimum(k0 + length, seqlen_k)
 
 
 @dataclass(frozen=True)

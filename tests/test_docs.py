@@ -134,19 +134,40 @@ def test_api_tables_have_one_row_per_parameter_with_its_default(site, page, qual
 PAIR = re.compile(r'<div class="side-by-side" markdown>\n\n=== "Reference"\n(?P<ref>.*?)\n=== "Kernel"\n(?P<kernel>.*?)\n</div>', re.S)
 
 
-def test_side_by_side_pairs_are_reference_and_kernel_pieces_of_similar_size():
+#: Pairs whose names differ on purpose: two instances of one class, each a public name of its package.
+PAIRS_NAMED_APART = {("REFERENCE_BACKEND", "KERNEL_BACKEND")}
+
+
+def paired_name(qualname: str) -> str:
+    """The name a piece pairs under: ``_split_states_kernel``, ``plan_attend`` -> ``split_states``, ``attend``."""
+    name = qualname.rsplit(".", 1)[-1].lstrip("_")
+    return name.removeprefix("plan_").removesuffix("_kernel")
+
+
+def test_side_by_side_pairs_are_whole_pieces_of_one_name_and_similar_size():
     pairs = []
     for md in sorted((ROOT / "docs" / "side-by-side").glob("*.md")):
         for pair in PAIR.finditer(md.read_text(encoding="utf-8")):
-            sizes = {}
+            sizes, names = {}, {}
             for side, package in (("ref", "attn_ref/"), ("kernel", "kernels/")):
                 includes = list(DIRECTIVE.finditer(pair[side]))
                 assert includes and all(m["path"].startswith(package) for m in includes), (md.name, pair[side])
+                assert not any(m["start"] or m["stop"] for m in includes), f"{md.name}: a pair shows whole pieces"
                 sizes[side] = sum(end - start + 1 for start, end in (include_lines(ROOT, m) for m in includes))
-            pairs.append((md.name, sizes["ref"], sizes["kernel"]))
+                names[side] = includes[0]["name"]
+            if (names["ref"], names["kernel"]) not in PAIRS_NAMED_APART:
+                assert paired_name(names["ref"]) == paired_name(names["kernel"]), (md.name, names)
+            pairs.append((md.name, names["ref"], sizes["ref"], sizes["kernel"]))
     assert len(pairs) >= 10
-    uneven = [p for p in pairs if max(p[1:]) > 2.5 * min(p[1:])]
-    assert not uneven, f"(page, reference lines, kernel lines) more than 2.5x apart: {uneven}"
+    uneven = [p for p in pairs if max(p[2:]) > 2.5 * min(p[2:])]
+    assert not uneven, f"(page, piece, reference lines, kernel lines) more than 2.5x apart: {uneven}"
+
+
+def test_paired_name_rule():
+    assert paired_name("_split_states_kernel") == paired_name("_split_states") == "split_states"
+    assert paired_name("plan_attend") == paired_name("attend") == "attend"
+    assert paired_name("UlyssesAttention.forward") == "forward"
+    assert paired_name("_merge_pair") != paired_name("merge_attention_states")
 
 
 def test_every_catalog_entry_has_a_page(site, catalog):

@@ -142,38 +142,41 @@ def _split_states_kernel(
     seqlen_q = tl.load(seqlens_q_ptr + batch)
     if pid_m * ROWS < seqlen_q:
         seqlen_k = tl.load(seqlens_k_ptr + batch)
-        token0 = tl.load(q_starts_ptr + batch)  # row of this entry's query 0 in the q / out tensors
+        token0 = tl.load(q_starts_ptr + batch)  # row of this entry's query 0 in q / out
         batch64, kv_head64 = batch.to(tl.int64), kv_head.to(tl.int64)
-        # ---- the M tile: ROWS query rows x G heads of this KV head ----------------------------
+        # ---- the M tile: ROWS query rows x G heads of this KV head --------------------
         offs_m = tl.arange(0, BLOCK_M)  # (BLOCK_M,)
         rows = pid_m * ROWS + offs_m // G  # (BLOCK_M,) query row i
         heads = (kv_head * G + offs_m % G).to(tl.int64)  # (BLOCK_M,) query head
         row_ok = (offs_m < ROWS * G) & (rows < seqlen_q)  # (BLOCK_M,)
         token = (token0 + rows).to(tl.int64)  # (BLOCK_M,) row in the q / out tensors
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)  # (BLOCK_D,), (BLOCK_DV,)
-        d_ok, dv_ok = _lanes_below(offs_d, D, BLOCK_D), _lanes_below(offs_dv, DV, BLOCK_DV)
+        d_ok = _lanes_below(offs_d, D, BLOCK_D)  # (BLOCK_D,) bool
+        dv_ok = _lanes_below(offs_dv, DV, BLOCK_DV)  # (BLOCK_DV,) bool
         q, q_mid, q_lo, qv = _load_q(
             q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads[:, None] * stride_qh,
             qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt + heads[:, None] * stride_qvh,
-            rows, row_ok, offs_d, offs_dv, d_ok, dv_ok, rotary_starts_ptr + batch, cos_ptr, sin_ptr,
-            stride_rotary, rotary_dim, BLOCK_M, BLOCK_D, BLOCK_DV, HAS_QV, ONLY_QV, ROTARY, INTERLEAVED,
-            ROTARY_FIXED, COMPUTE_DTYPE, Q_PARTS)
+            rows, row_ok, offs_d, offs_dv, d_ok, dv_ok,
+            rotary_starts_ptr + batch, cos_ptr, sin_ptr, stride_rotary, rotary_dim,
+            BLOCK_M, BLOCK_D, BLOCK_DV, HAS_QV, ONLY_QV, ROTARY, INTERLEAVED, ROTARY_FIXED,
+            COMPUTE_DTYPE, Q_PARTS)
         descale_at = batch64 * stride_descale + kv_head
-        scale, v_scale = _dequantize(softmax_scale, q_descale_ptr + descale_at, k_descale_ptr + descale_at,
-                                     v_descale_ptr + descale_at, HAS_DESCALE)
+        scale, v_scale = _dequantize(softmax_scale, q_descale_ptr + descale_at,
+                                     k_descale_ptr + descale_at, v_descale_ptr + descale_at, HAS_DESCALE)
         k0, k1 = split_bounds(seqlen_k, split, num_splits)
         out, lse = _attention_with_lse(
-            q, q_mid, q_lo, qv, rows, pid_m * ROWS, tl.minimum(pid_m * ROWS + ROWS, seqlen_q), seqlen_q, seqlen_k,
-            k0, k1, window_left, window_right, chunk, scale, softcap, sinks_ptr + heads, row_ok,
-            (has_sinks != 0) & (split == 0), v_scale, k_cache_ptr + kv_head64 * stride_kc_h,
-            v_cache_ptr + kv_head64 * stride_vc_h, page_table_ptr, tl.load(cache_rows_ptr + batch),
-            tl.load(leftpads_ptr + batch), stride_table, page_size, stride_kc_major, stride_kc_minor,
-            stride_vc_major, stride_vc_minor, offs_d, offs_dv, d_ok, dv_ok, BLOCK_M, BLOCK_N, BLOCK_DV,
-            PAGED, HAS_QV, ONLY_QV, SOFTCAP, COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS)
+            q, q_mid, q_lo, qv, rows, pid_m * ROWS, tl.minimum(pid_m * ROWS + ROWS, seqlen_q),
+            seqlen_q, seqlen_k, k0, k1, window_left, window_right, chunk, scale, softcap,
+            sinks_ptr + heads, row_ok, (has_sinks != 0) & (split == 0), v_scale,
+            k_cache_ptr + kv_head64 * stride_kc_h, v_cache_ptr + kv_head64 * stride_vc_h,
+            page_table_ptr, tl.load(cache_rows_ptr + batch), tl.load(leftpads_ptr + batch),
+            stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
+            offs_d, offs_dv, d_ok, dv_ok, BLOCK_M, BLOCK_N, BLOCK_DV, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
+            COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS)
         split64 = split.to(tl.int64)
-        _store_state(out_ptr + split64 * stride_os + batch64 * stride_ob, lse_ptr + split64 * stride_ls
-                     + batch64 * stride_lb, out, lse, heads, token, offs_dv, row_ok, dv_ok,
-                     stride_oh, stride_ot, stride_lh, stride_lt, ROUND_TO)
+        _store_state(out_ptr + split64 * stride_os + batch64 * stride_ob,
+                     lse_ptr + split64 * stride_ls + batch64 * stride_lb, out, lse, heads, token,
+                     offs_dv, row_ok, dv_ok, stride_oh, stride_ot, stride_lh, stride_lt, ROUND_TO)
 
 
 @triton.jit

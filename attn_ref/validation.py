@@ -536,6 +536,7 @@ class _Layout:
 
     @property
     def paged(self) -> bool:
+        """A page table is given (its page size was checked to be >= 1)."""
         return self.page_size > 0
 
 

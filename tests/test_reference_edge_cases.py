@@ -1,4 +1,7 @@
-"""Hand-computed tiny cases, empty rows and empty KV, SDPA cross-checks, memory bound.
+"""Hand-computed tiny cases of the reference, SDPA cross-checks, row chunking, memory bound.
+
+Zero-length KV, empty sequences and calls without query rows are tested over both implementations
+in :mod:`test_kvcache_layouts`.
 
 Visibility tests use ``q = 0`` (every visible key gets logit 0) and one-hot values ``v[p] = e_p`` for
 cache position ``p``: row ``i`` of the output is then the average of the one-hots it sees, so the
@@ -119,48 +122,6 @@ def test_qv_hand_computed(only_qv):
     p0 = math.exp(s0) / (math.exp(s0) + math.exp(s1))
     torch.testing.assert_close(out[0, 0, 0, :2], torch.tensor([2 * (1 - p0), p0]))
     torch.testing.assert_close(lse[0, 0, 0], torch.tensor(math.log(math.exp(s0) + math.exp(s1))))
-
-
-@pytest.mark.parametrize("sinks", [False, True])
-@pytest.mark.parametrize("append_empty", [False, True])
-def test_zero_length_kv_gives_zero_and_plus_inf(sinks, append_empty):
-    args = make_case(capacity=0, sinks=sinks, seed=1)
-    if append_empty:
-        args.update(k=torch.zeros(2, 0, 2, 16), v=torch.zeros(2, 0, 2, 16))
-    out, lse, *_ = flash_attn_with_kvcache(**args, return_softmax_lse=True)
-    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, torch.full_like(lse, INF))
-
-
-def test_paged_cache_without_pages_is_not_zero_length_kv():
-    # FA3's empty-KV test is batch * k_cache.shape[1] + new == 0; a paged k_cache has shape[1] = P >= 1,
-    # so a page table with no pages runs the kernel: rows with no key give lse -inf, not +inf.
-    args = make_case(seed=8)
-    args.update(page_table=torch.zeros(2, 0, dtype=torch.int32), k_cache=torch.randn(3, 4, 2, 16),
-                v_cache=torch.randn(3, 4, 2, 16), cache_seqlens=torch.zeros(2, dtype=torch.int32))
-    out, lse, *_ = flash_attn_with_kvcache(**args, return_softmax_lse=True)
-    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, torch.full_like(lse, -INF))
-
-
-def test_cache_seqlens_zero_gives_minus_inf_or_sink():
-    for page_size in (None, 4):
-        args = make_case(capacity=8, page_size=page_size, seed=2)
-        args["cache_seqlens"] = torch.zeros(2, dtype=torch.int32)
-        out, lse, *_ = flash_attn_with_kvcache(**clone_args(args), return_softmax_lse=True, num_splits=3)
-        assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, torch.full_like(lse, -INF))
-        args["sinks"] = torch.arange(4, dtype=torch.bfloat16)
-        lse = flash_attn_with_kvcache(**args, return_softmax_lse=True, num_splits=3)[1]
-        assert torch.equal(lse, torch.arange(4.0)[None, :, None].expand(2, 4, 3))
-
-
-def test_total_q_zero():
-    args = make_case(varlen_q=True, seqlen_q=0, seed=3)
-    out, lse, acc, lacc = flash_attn_with_kvcache(**args, return_softmax_lse=True, num_splits=2)
-    assert out.shape == (0, 4, 16) and lse.shape == (4, 0) and acc.shape == (2, 4, 0, 16) and lacc.shape == (2, 4, 0)
-    args = make_case(seqlen_q=0, seqlen_new=2, seed=3)
-    after = clone_args(args)
-    out, lse = flash_attn_with_kvcache(**after, return_softmax_lse=True)[:2]
-    assert out.shape == (2, 0, 4, 16) and lse.shape == (2, 4, 0)
-    assert not torch.equal(after["v_cache"], args["v_cache"])  # the append still happens
 
 
 def test_rotary_query_position_rule():

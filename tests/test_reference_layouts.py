@@ -1,50 +1,20 @@
-"""Layout invariances, return values and the signature of attn_ref.flash_attn_with_kvcache.
+"""Layout invariances of attn_ref.flash_attn_with_kvcache.
 
 Different layouts of the same logical problem (paged vs dense cache, packed vs separate sequences,
-KV splits, performance knobs) must give the same answer. Return shapes and the ``out`` buffer are
-tested over both implementations in :mod:`test_kvcache_layouts`.
+an int or a tensor, caches that are views) must give the same answer. The signature, return shapes,
+the ``out`` buffer, the performance knobs and ``num_splits`` are tested over both implementations in
+:mod:`test_kvcache_layouts`.
 """
-
-import inspect
-from functools import reduce
 
 import pytest
 import torch
 
-from attn_ref import flash_attn_with_kvcache, merge_attention_states
+from attn_ref import flash_attn_with_kvcache
 from dense_oracle import logical_cache
-from kvcache_cases import clone_args, make_case, split_cases
-from tolerance import assert_lse_close
-
-# Spec table 1.1: sglang's parameter order (only_qv between pack_gqa and sm_margin, out last).
-SPEC_PARAMETERS = [
-    ("q", inspect.Parameter.empty), ("k_cache", inspect.Parameter.empty), ("v_cache", inspect.Parameter.empty),
-    ("k", None), ("v", None), ("qv", None), ("rotary_cos", None), ("rotary_sin", None),
-    ("cache_seqlens", None), ("cache_batch_idx", None), ("cache_leftpad", None), ("page_table", None),
-    ("cu_seqlens_q", None), ("cu_seqlens_k_new", None), ("max_seqlen_q", None), ("rotary_seqlens", None),
-    ("q_descale", None), ("k_descale", None), ("v_descale", None), ("softmax_scale", None),
-    ("causal", False), ("window_size", (-1, -1)), ("attention_chunk", None), ("softcap", 0.0),
-    ("rotary_interleaved", True), ("scheduler_metadata", None), ("num_splits", 0), ("pack_gqa", None),
-    ("only_qv", False), ("sm_margin", 0), ("return_softmax_lse", False), ("sinks", None),
-    ("score_mod", None), ("aux_tensors", None), ("ver", 3), ("out", None),
-]
-
+from kvcache_cases import clone_args, make_case
 
 def run(args, **knobs):
     return flash_attn_with_kvcache(**clone_args(args), return_softmax_lse=True, **knobs)
-
-
-def test_signature_matches_spec_table():
-    params = inspect.signature(flash_attn_with_kvcache).parameters.values()
-    assert [(p.name, p.default) for p in params] == SPEC_PARAMETERS
-    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
-
-
-def test_positional_call_binds_only_qv_before_sm_margin():
-    case = make_case(only_qv=True, qv=True, heads=2, heads_k=1, d=16, dv=32, seed=1)
-    positional = [case.get(name, default) for name, default in SPEC_PARAMETERS[:28]]
-    out = flash_attn_with_kvcache(*positional, True)  # 29th positional argument: only_qv
-    assert torch.equal(out, flash_attn_with_kvcache(**case))
 
 
 @pytest.mark.parametrize("page_size", [1, 3, 4, 16])
@@ -82,48 +52,10 @@ def test_packing_equals_running_apart(causal):
     torch.testing.assert_close(lse, torch.cat((lse_a[0], lse_b[0]), dim=1), rtol=0, atol=0)
 
 
-SPLIT_CASES = split_cases(keys=20)
-
-
-@pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())
-def test_num_splits_agree_and_partials_merge(case):
-    args = make_case(dtype=torch.bfloat16, leftpad=True, seed=3, **case)
-    out1, lse1, acc1, lacc1 = run(args, num_splits=1)
-    out0, lse0, acc0, lacc0 = run(args, num_splits=0)
-    out3, lse3, acc3, lacc3 = run(args, num_splits=3)
-    assert acc1 is lacc1 is acc0 is lacc0 is None
-    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
-    torch.testing.assert_close(out3, out1, rtol=0, atol=torch.finfo(torch.bfloat16).eps)  # fp32 merge, then one rounding
-    assert_lse_close(lse3, lse1)
-    # Folding the returned partials reproduces out and lse (the sink sits in split 0 only).
-    merged_out, merged_lse = reduce(lambda x, y: merge_attention_states(*x, *y), zip(acc3, lacc3))
-    merged_out = merged_out.transpose(-2, -3) if args.get("cu_seqlens_q") is not None else merged_out.transpose(1, 2)
-    assert torch.equal(merged_out.to(out3.dtype), out3)
-    torch.testing.assert_close(merged_lse, lse3, rtol=0, atol=0)
-
-
-def test_num_splits_negative_is_heuristic():
-    args = make_case(seed=4)
-    out, lse, acc, lacc = run(args, num_splits=-1)
-    assert acc is None and lacc is None
-    assert torch.equal(out, run(args)[0])
-
-
 def test_fp8_output_is_bf16():
     args = make_case(dtype=torch.float8_e4m3fn, descale=True, seed=6)
     out, lse = run(args)[:2]
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
-
-
-def test_performance_knobs_change_nothing():
-    args = make_case(dtype=torch.bfloat16, causal=True, seqlen_new=2, sinks=True, seed=8)
-    base = run(args, num_splits=2)
-    knobs = dict(scheduler_metadata=torch.zeros(7, dtype=torch.int32), pack_gqa=True, sm_margin=12,
-                 score_mod=lambda *a: 1 / 0, aux_tensors=[torch.ones(1)], ver=3)  # ver=4: an error (SGL-B)
-    for name, value in knobs.items():
-        other = run(args, num_splits=2, **{name: value})
-        assert all(torch.equal(x, y) for x, y in zip(base, other)), name
-    assert all(torch.equal(x, y) for x, y in zip(base, run(args, num_splits=2, pack_gqa=False)))
 
 
 def test_descale_ignored_without_fp8():

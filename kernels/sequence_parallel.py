@@ -11,16 +11,13 @@ backend is bound to the kernels:
   so ``loss.backward()`` through these classes runs the same ring backward and collectives' adjoints
   as the reference, with the Triton backward kernels for the arithmetic.
 
-The ring-flash-attention entry points (``ring_flash_attn_func`` and the rest) are the reference's,
-bound to this backend. Everything else (groups, collectives, layouts, the launcher) is re-exported
+The classes are the reference's with this backend as their ``backend`` attribute; ``ring_attention`` and
+the ring-flash-attention entry points (``ring_flash_attn_func`` and the rest) are the reference's,
+bound to this backend (:func:`~attn_ref.sequence_parallel.ring_flash_attn.with_backend`). Everything else (groups, collectives, layouts, the launcher) is re-exported
 unchanged.
 """
 
 from __future__ import annotations
-
-from typing import Optional
-
-import torch
 
 from attn_ref import sequence_parallel as _sp
 from attn_ref.sequence_parallel import (  # noqa: F401 - re-exported: same API as attn_ref's
@@ -39,8 +36,6 @@ from attn_ref.sequence_parallel import (  # noqa: F401 - re-exported: same API a
     shard_sequence,
     unshard_sequence,
 )
-
-from attn_ref.sequence_parallel.comm import Group
 from attn_ref.sequence_parallel.ring_flash_attn import with_backend
 
 from .backward import attention_backward
@@ -63,19 +58,9 @@ class USPAttention(_sp.USPAttention):
     backend = KERNEL_BACKEND
 
 
-def ring_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    group: Group = None,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    zigzag: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`attn_ref.sequence_parallel.ring_attention` computing with the Triton kernels."""
-    return _sp.ring_attention(q, k, v, group, softmax_scale, causal, zigzag, backend=KERNEL_BACKEND)
-
-
+ring_attention = with_backend(_sp.ring_attention, KERNEL_BACKEND)
+""":func:`attn_ref.sequence_parallel.ring_attention` computing with the Triton kernels (same arguments but
+``backend``, same errors, same results)."""
 ring_flash_attn_func = with_backend(_sp.ring_flash_attn_func, KERNEL_BACKEND)
 ring_flash_attn_kvpacked_func = with_backend(_sp.ring_flash_attn_kvpacked_func, KERNEL_BACKEND)
 ring_flash_attn_qkvpacked_func = with_backend(_sp.ring_flash_attn_qkvpacked_func, KERNEL_BACKEND)
@@ -83,30 +68,5 @@ zigzag_ring_flash_attn_func = with_backend(_sp.zigzag_ring_flash_attn_func, KERN
 zigzag_ring_flash_attn_kvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_kvpacked_func, KERNEL_BACKEND)
 zigzag_ring_flash_attn_qkvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_qkvpacked_func, KERNEL_BACKEND)
 
-
-__all__ = [
-    "CHECK_RANKS_ENV",
-    "KERNEL_BACKEND",
-    "SELF_GROUP",
-    "AttentionBackend",
-    "RingExchange",
-    "SequenceParallelGroups",
-    "USPAttention",
-    "UlyssesAttention",
-    "all_gather",
-    "all_to_all_4d",
-    "all_to_all_4d_packed",
-    "heads_of_rank",
-    "init_sequence_parallel_groups",
-    "launch",
-    "ring_attention",
-    "ring_flash_attn_func",
-    "ring_flash_attn_kvpacked_func",
-    "ring_flash_attn_qkvpacked_func",
-    "shard_positions",
-    "shard_sequence",
-    "unshard_sequence",
-    "zigzag_ring_flash_attn_func",
-    "zigzag_ring_flash_attn_kvpacked_func",
-    "zigzag_ring_flash_attn_qkvpacked_func",
-]
+#: The reference's public names, with :data:`KERNEL_BACKEND` in place of ``REFERENCE_BACKEND``.
+__all__ = [name if name != "REFERENCE_BACKEND" else "KERNEL_BACKEND" for name in _sp.__all__]

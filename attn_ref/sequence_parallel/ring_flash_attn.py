@@ -35,7 +35,7 @@ Every rank's checks run before the first exchange, with the cross-rank agreement
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
@@ -46,8 +46,6 @@ from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import check_no_alibi, check_no_dropout, check_packed, check_ring_window, check_tensors
 from .comm import Group, group_size
 from .ring import check_ring_inputs, ring_attention_unchecked
-
-Window = tuple[int, int]
 
 
 def _unpack(packed: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -63,11 +61,11 @@ def _unpack(packed: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
     return packed["q"], packed["k"], packed["v"]
 
 
-def _ring_flash_attn(
-    call: str, packed: dict[str, torch.Tensor], dropout_p, softmax_scale, causal, window_size, alibi_slopes,
-    return_attn_probs, group: Group, zigzag: bool, backend: AttentionBackend,
-):
-    """The checks (upstream's order: layout, ALiBi, then this package's), the ring, the return convention."""
+def _ring_flash_attn(call: str, zigzag: bool, *, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
+                     deterministic, return_attn_probs, group: Group, backend: AttentionBackend, **packed):
+    """The body of every entry point: the checks (upstream's order: layout, ALiBi, then this package's),
+    the ring, the return convention. ``packed``: ``{q, k, v}``, ``{q, kv}`` or ``{qkv}``; the other
+    keywords are the entry point's own arguments; ``deterministic`` has no effect."""
     def checks():
         q, k, v = _unpack(packed)
         check_no_alibi(alibi_slopes)
@@ -84,143 +82,82 @@ def _ring_flash_attn(
     return out, lse.transpose(1, 2).contiguous(), None  # [B, S, H] -> ring-flash-attention's [B, H, S]
 
 
+# The entry points: upstream's signatures (names, order, defaults, no annotations, as upstream writes
+# them), each the body above for its layout; ``**locals()`` passes the entry point's arguments by name.
+
+
 @catalogued
 def ring_flash_attn_func(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Window = (-1, -1),
-    alibi_slopes: Optional[torch.Tensor] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group: Group = None,
-    *,
-    backend: AttentionBackend = REFERENCE_BACKEND,
+    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
+    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """Ring attention of this rank's block ``q [B, S, H, D]`` over every rank's ``k, v [B, S, Hkv, D]``.
 
     Contiguous layout: rank ``r`` of ``group`` holds tokens ``[r·S, (r+1)·S)``. See the module docstring.
 
     Args:
-        q: ``[B, S, H, D]`` this rank's queries; k, v: ``[B, S, Hkv, D]`` (``H % Hkv == 0``).
-        dropout_p: must be 0 (``NotImplementedError`` otherwise).
-        softmax_scale: default ``D ** -0.5``.
-        causal: causal over the global sequence.
-        window_size: ``(left, right)``; only windows that mask nothing beyond ``causal``.
+        q: ``[B, S, H, D]`` tensor, this rank's queries; k, v: ``[B, S, Hkv, D]`` (``H % Hkv == 0``).
+        dropout_p: float, must be 0 (``NotImplementedError`` otherwise).
+        softmax_scale: float, default ``D ** -0.5``.
+        causal: bool, causal over the global sequence.
+        window_size: ``(left, right)`` ints; only windows that mask nothing beyond ``causal``.
         alibi_slopes: must be None (``NotImplementedError`` otherwise).
-        deterministic: accepted, no effect (forward and backward are deterministic).
-        return_attn_probs: also return the LSE (and None for the probabilities).
-        group: the ring; None is the default group (the whole world).
-        backend: local attention + merge (the kernels' in :mod:`kernels.sequence_parallel`).
+        deterministic: bool, accepted, no effect (forward and backward are deterministic).
+        return_attn_probs: bool, also return the LSE (and None for the probabilities).
+        group: the ring (a ``torch.distributed`` process group); None is the default group (the whole world).
+        backend: local attention + merge (an :class:`~.backend.AttentionBackend`; the kernels' in
+            :mod:`kernels.sequence_parallel`).
 
     Returns:
         ``out [B, S, H, D]`` in q's dtype, or ``(out, lse [B, H, S] fp32, None)`` with
         ``return_attn_probs=True``.
     """
-    return _ring_flash_attn("ring_flash_attn_func", dict(q=q, k=k, v=v), dropout_p, softmax_scale, causal,
-                            window_size, alibi_slopes, return_attn_probs, group, False, backend)
+    return _ring_flash_attn("ring_flash_attn_func", False, **locals())
 
 
 @catalogued
 def ring_flash_attn_kvpacked_func(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Window = (-1, -1),
-    alibi_slopes: Optional[torch.Tensor] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group: Group = None,
-    *,
-    backend: AttentionBackend = REFERENCE_BACKEND,
+    q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
+    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]`` (k and v stacked on dim 2)."""
-    return _ring_flash_attn("ring_flash_attn_kvpacked_func", dict(q=q, kv=kv), dropout_p, softmax_scale, causal,
-                            window_size, alibi_slopes, return_attn_probs, group, False, backend)
+    return _ring_flash_attn("ring_flash_attn_kvpacked_func", False, **locals())
 
 
 @catalogued
 def ring_flash_attn_qkvpacked_func(
-    qkv: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Window = (-1, -1),
-    alibi_slopes: Optional[torch.Tensor] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group: Group = None,
-    *,
-    backend: AttentionBackend = REFERENCE_BACKEND,
+    qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
+    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`ring_flash_attn_func` with ``qkv [B, S, 3, H, D]`` (q, k, v stacked on dim 2)."""
-    return _ring_flash_attn("ring_flash_attn_qkvpacked_func", dict(qkv=qkv), dropout_p, softmax_scale, causal,
-                            window_size, alibi_slopes, return_attn_probs, group, False, backend)
+    return _ring_flash_attn("ring_flash_attn_qkvpacked_func", False, **locals())
 
 
 @catalogued
 def zigzag_ring_flash_attn_func(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Window = (-1, -1),
-    alibi_slopes: Optional[torch.Tensor] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group: Group = None,
-    *,
-    backend: AttentionBackend = REFERENCE_BACKEND,
+    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
+    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`ring_flash_attn_func` on the zigzag layout (rank ``r``: chunks ``r`` and ``2P-1-r`` of ``2P``)."""
-    return _ring_flash_attn("zigzag_ring_flash_attn_func", dict(q=q, k=k, v=v), dropout_p, softmax_scale, causal,
-                            window_size, alibi_slopes, return_attn_probs, group, True, backend)
+    return _ring_flash_attn("zigzag_ring_flash_attn_func", True, **locals())
 
 
 @catalogued
 def zigzag_ring_flash_attn_kvpacked_func(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Window = (-1, -1),
-    alibi_slopes: Optional[torch.Tensor] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group: Group = None,
-    *,
-    backend: AttentionBackend = REFERENCE_BACKEND,
+    q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
+    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`zigzag_ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]``."""
-    return _ring_flash_attn("zigzag_ring_flash_attn_kvpacked_func", dict(q=q, kv=kv), dropout_p, softmax_scale,
-                            causal, window_size, alibi_slopes, return_attn_probs, group, True, backend)
+    return _ring_flash_attn("zigzag_ring_flash_attn_kvpacked_func", True, **locals())
 
 
 @catalogued
 def zigzag_ring_flash_attn_qkvpacked_func(
-    qkv: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Window = (-1, -1),
-    alibi_slopes: Optional[torch.Tensor] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group: Group = None,
-    *,
-    backend: AttentionBackend = REFERENCE_BACKEND,
+    qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
+    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`zigzag_ring_flash_attn_func` with ``qkv [B, S, 3, H, D]``."""
-    return _ring_flash_attn("zigzag_ring_flash_attn_qkvpacked_func", dict(qkv=qkv), dropout_p, softmax_scale,
-                            causal, window_size, alibi_slopes, return_attn_probs, group, True, backend)
+    return _ring_flash_attn("zigzag_ring_flash_attn_qkvpacked_func", True, **locals())
 
 
 #: The six entry points, for :func:`with_backend` users (``kernels.sequence_parallel``).
@@ -231,7 +168,8 @@ RING_FLASH_ATTN_FUNCS = (
 
 
 def with_backend(func: Callable, backend: AttentionBackend) -> Callable:
-    """``func`` (an entry point of this module) computing with ``backend``: same signature, same errors."""
+    """``func`` (an entry point of this module, or :func:`~.ring.ring_attention`: a function with a
+    ``backend`` keyword) computing with ``backend``: same arguments, same errors."""
     @functools.wraps(func)
     def bound(*args, **kwargs):
         return func(*args, backend=backend, **kwargs)

@@ -35,13 +35,9 @@ import torch
 
 from errors.notes import catalogued
 
-from .backend import REFERENCE_BACKEND, AttentionBackend
 from .agreement import describe, run_checks_on_every_rank
 from .checks import (
     check_4d,
-    check_attention_inputs,
-    check_declared_heads,
-    check_head_config,
     check_heads_split,
     check_kv_gather_call,
     check_kv_heads_split,
@@ -58,10 +54,11 @@ from .checks import (
 )
 from .comm import all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
 from .groups import SequenceParallelGroups, layout_of as _layout
+from .layer import SequenceParallelAttention
 from .replicated import replicated_input, replicated_output
 
 
-class UlyssesAttention(torch.nn.Module):
+class UlyssesAttention(SequenceParallelAttention):
     """Sequence-parallel attention over ``groups.sp_group`` (see the module docstring).
 
     The positional arguments and ``**extra_impl_args`` are sglang's, in sglang's order; the
@@ -83,9 +80,6 @@ class UlyssesAttention(torch.nn.Module):
             them to its backend).
     """
 
-    #: Local attention + merge; :mod:`kernels.sequence_parallel` rebinds it to the Triton kernels.
-    backend: AttentionBackend = REFERENCE_BACKEND
-
     @catalogued
     def __init__(
         self,
@@ -105,14 +99,8 @@ class UlyssesAttention(torch.nn.Module):
         groups = SequenceParallelGroups.from_world() if groups is None else groups
         check_ulysses_only(groups.ring_degree)
         check_sp_attention_mode(sp_attention_mode, causal)
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        check_head_config(num_heads, head_size, num_kv_heads, softmax_scale)
-        self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
-        self.softmax_scale = head_size ** -0.5 if softmax_scale is None else softmax_scale
-        self.causal = causal
-        self.supported_attention_backends, self.prefix, self.extra_impl_args = (
-            supported_attention_backends, prefix, extra_impl_args
-        )
+        self._set_heads(num_heads, head_size, num_kv_heads, softmax_scale, causal, supported_attention_backends,
+                        prefix, extra_impl_args)
         self.groups = groups
         # sglang's (mode, is_auto): a causal module cannot use the gather, so auto means Ulysses.
         self.sp_attention_mode = "ulysses" if sp_attention_mode == "auto" and causal else sp_attention_mode
@@ -197,8 +185,7 @@ class UlyssesAttention(torch.nn.Module):
         return replicated, seq_lens
 
     def _check_shapes(self, q, k, v, replicated_q, replicated_k, replicated_v, replicated: bool) -> None:
-        check_attention_inputs(q, k, v)
-        check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)
+        self._check_inputs(q, k, v)
         if replicated:
             check_replicated_shapes(replicated_q, replicated_k, replicated_v, q, k, v)
 

@@ -40,13 +40,9 @@ import torch
 
 from errors.notes import catalogued
 
-from .backend import REFERENCE_BACKEND, AttentionBackend
 from .agreement import describe, run_checks_on_every_rank
 from .checks import (
     check_4d,
-    check_attention_inputs,
-    check_declared_heads,
-    check_head_config,
     check_kv_heads_split,
     check_kv_lengths,
     check_no_attn_mask,
@@ -59,11 +55,12 @@ from .checks import (
 )
 from .comm import all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
 from .groups import SequenceParallelGroups, layout_of as _layout
+from .layer import SequenceParallelAttention
 from .replicated import replicated_input, replicated_output
 from .ring import PREFIX_POSITION, SUFFIX_POSITION, Chunk, block_chunks, ring_attention_states
 
 
-class USPAttention(torch.nn.Module):
+class USPAttention(SequenceParallelAttention):
     """Unified sequence parallelism (Ulysses x ring), see the module docstring.
 
     The positional arguments and ``**extra_impl_args`` are sglang's, in sglang's order; the
@@ -89,9 +86,6 @@ class USPAttention(torch.nn.Module):
             them to its backend).
     """
 
-    #: Local attention + merge; :mod:`kernels.sequence_parallel` rebinds it to the Triton kernels.
-    backend: AttentionBackend = REFERENCE_BACKEND
-
     @catalogued
     def __init__(
         self,
@@ -110,15 +104,9 @@ class USPAttention(torch.nn.Module):
         **extra_impl_args,
     ):
         super().__init__()
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        check_head_config(num_heads, head_size, num_kv_heads, softmax_scale)
+        self._set_heads(num_heads, head_size, num_kv_heads, softmax_scale, causal, supported_attention_backends,
+                        prefix, extra_impl_args)
         check_no_dropout("dropout_rate", dropout_rate)
-        self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
-        self.softmax_scale = head_size ** -0.5 if softmax_scale is None else softmax_scale
-        self.causal = causal
-        self.supported_attention_backends, self.prefix, self.extra_impl_args = (
-            supported_attention_backends, prefix, extra_impl_args
-        )
         self.dropout_p = dropout_rate
         self.skip_sequence_parallel = skip_sequence_parallel
         self.groups = SequenceParallelGroups.from_world() if groups is None else groups
@@ -204,8 +192,7 @@ class USPAttention(torch.nn.Module):
         u_degree = self.groups.ulysses_degree
         if u_degree > 1:  # usp.py's all-to-all returns its input on one rank, before its asserts
             check_usp_heads_split(q.shape[2], u_degree)
-        check_attention_inputs(q, k, v, kv_extra_rows=num_replicated_kv_prefix)
-        check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)
+        self._check_inputs(q, k, v, kv_extra_rows=num_replicated_kv_prefix)
         if num_replicated_prefix:
             check_replicated_fits("num_replicated_prefix", num_replicated_prefix, q.shape[1])
         if num_replicated_suffix:
@@ -221,8 +208,7 @@ class USPAttention(torch.nn.Module):
         check_4d(q=q, k=k, v=v)
         check_no_attn_mask(attn_mask)
         check_kv_lengths(k, v)
-        check_attention_inputs(q, k, v, kv_extra_rows=k.shape[1] - q.shape[1])
-        check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)
+        self._check_inputs(q, k, v, kv_extra_rows=k.shape[1] - q.shape[1])
 
     def _local(self, q, k, v, with_lse):
         """Local attention of q over k/v: no collective (bottom-right causal when ``causal``)."""

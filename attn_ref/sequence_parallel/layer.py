@@ -1,0 +1,47 @@
+"""What :class:`~.ulysses.UlyssesAttention` and :class:`~.usp.USPAttention` share as attention layers.
+
+Both take sglang's leading constructor arguments (``num_heads, head_size, num_kv_heads, softmax_scale,
+causal, supported_attention_backends, prefix``, in sglang's order), check them alike, keep them as
+attributes, check q/k/v against them, and compute with the local operations of their class attribute
+:attr:`SequenceParallelAttention.backend`, which :mod:`kernels.sequence_parallel` rebinds to the
+Triton kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .backend import REFERENCE_BACKEND, AttentionBackend
+from .checks import check_attention_inputs, check_declared_heads, check_head_config
+
+
+class SequenceParallelAttention(torch.nn.Module):
+    """The base of the sequence-parallel attention layers: sglang's head arguments and the backend."""
+
+    #: Local attention + merge; :mod:`kernels.sequence_parallel` rebinds it to the Triton kernels.
+    backend: AttentionBackend = REFERENCE_BACKEND
+
+    def _set_heads(
+        self, num_heads: int, head_size: int, num_kv_heads: Optional[int], softmax_scale: Optional[float],
+        causal: bool, supported_attention_backends: Optional[set], prefix: str, extra_impl_args: dict,
+    ) -> None:
+        """sglang's arguments, checked (:func:`~.checks.check_head_config`) and kept as attributes.
+
+        ``num_kv_heads`` defaults to ``num_heads`` (``H % Hkv == 0``, GQA), ``softmax_scale`` to
+        ``head_size ** -0.5``; the backends, prefix and extra arguments are kept, not used.
+        """
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_head_config(num_heads, head_size, num_kv_heads, softmax_scale)
+        self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
+        self.softmax_scale = head_size ** -0.5 if softmax_scale is None else softmax_scale
+        self.causal = causal
+        self.supported_attention_backends, self.prefix, self.extra_impl_args = (
+            supported_attention_backends, prefix, extra_impl_args
+        )
+
+    def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_extra_rows: int = 0) -> None:
+        """q ``[B, S, H, D]``, k/v ``[B, S + kv_extra_rows, Hkv, D|Dv]`` fit each other and the layer's heads."""
+        check_attention_inputs(q, k, v, kv_extra_rows=kv_extra_rows)
+        check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)

@@ -2,7 +2,8 @@
 
 Every problem is one ``flash_attn_with_kvcache`` call over a paged KV cache (page size ``P``, the
 pages of all sequences shuffled by a random permutation) in which each of the ``b`` sequences holds
-``seqlen_k`` tokens:
+``seqlen_k`` tokens, built by the tests' case factory (:mod:`benchmarks.calls`; the tests run every
+benchmarked problem, scaled down, through both implementations against their oracle):
 
 * **decode**: ``seqlen_q = 1``, no mask (the new token sees its whole context);
 * **prefill**: ``seqlen_q = seqlen_k``, causal (the prompt's keys are already in the cache).
@@ -35,6 +36,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from attn_ref import paged_to_dense, visible_keys
+
+from .calls import make_case
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -72,6 +75,13 @@ class Problem:
     def shape(self) -> dict:
         return {**asdict(self), "causal": self.causal}
 
+    def case(self) -> dict:
+        """Keyword arguments of :func:`benchmarks.calls.make_case` that build this problem: every
+        sequence holds ``seqlen_k`` tokens in pages of ``page_size``."""
+        return dict(batch=self.batch, seqlen_q=self.seqlen_q, capacity=self.seqlen_k, cached_tokens=self.seqlen_k,
+                    heads=self.heads_q, heads_k=self.heads_kv, d=self.head_dim, page_size=self.page_size,
+                    dtype=DTYPES[self.dtype], causal=self.causal)
+
     def bytes_moved(self) -> int:
         """Least device-memory traffic of one call (see the module docstring)."""
         b, e, d = self.batch, self.element_size, self.head_dim
@@ -100,7 +110,8 @@ class KVCacheInputs:
     """Arguments of ``flash_attn_with_kvcache`` for a :class:`Problem`.
 
     ``q (b, sq, h, d)``; ``k_cache``, ``v_cache`` ``(num_pages, P, h_k, d)``; ``page_table
-    (b, pages_per_sequence)`` int32, a random permutation of all pages; ``cache_seqlens (b,)`` int32.
+    (b, pages_per_sequence)`` int32, distinct pages in random order (``num_pages`` has 3 spare);
+    ``cache_seqlens (b,)`` int32.
     """
 
     q: torch.Tensor
@@ -121,18 +132,12 @@ class KVCacheInputs:
 
 
 def make_inputs(problem: Problem, device: str, seed: int = 0) -> KVCacheInputs:
-    """Random normal q / K / V (never zeros: they hide indexing bugs) in a shuffled paged cache."""
-    p, dtype = problem, DTYPES[problem.dtype]
-    gen = torch.Generator(device=device).manual_seed(seed)
-    num_pages = p.batch * p.pages_per_sequence
-    cache_shape = (num_pages, p.page_size, p.heads_kv, p.head_dim)
-    k_cache = torch.randn(cache_shape, generator=gen, device=device, dtype=dtype)
-    v_cache = torch.randn(cache_shape, generator=gen, device=device, dtype=dtype)
-    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, generator=gen, device=device, dtype=dtype)
-    page_table = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
-    page_table = page_table.view(p.batch, p.pages_per_sequence)
-    cache_seqlens = torch.full((p.batch,), p.seqlen_k, dtype=torch.int32, device=device)
-    return KVCacheInputs(q, k_cache, v_cache, page_table, cache_seqlens, p.causal)
+    """The problem's call built by the tests' case factory (:func:`benchmarks.calls.make_case` on
+    :meth:`Problem.case`): random normal q / K / V (never zeros: they hide indexing bugs) in a
+    shuffled paged cache with a few spare pages."""
+    args = make_case(**problem.case(), seed=seed, device=device)
+    return KVCacheInputs(args["q"], args["k_cache"], args["v_cache"], args["page_table"], args["cache_seqlens"],
+                         problem.causal)
 
 
 def dense_kv(inputs: KVCacheInputs, seqlen_k: int, expand_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:

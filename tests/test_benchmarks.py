@@ -1,12 +1,15 @@
-"""The benchmark harness works and its result files are valid (``benchmarks/``).
+"""The benchmark harness works, its result files are valid and its problems are tested (``benchmarks/``).
 
 These tests time nothing that is reported: the quick CPU run writes to a temporary folder, and the
 GPU suite's case records are assembled on the CPU with a fixed fake timer (the Triton interpreter's
-speed is not a benchmark).
+speed is not a benchmark). Every problem a suite times, scaled down, runs through both
+implementations against the dense oracle: the benchmarks build their inputs with the tests' case
+factory (:mod:`benchmarks.calls`), so a timed problem is a tested one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,7 +20,9 @@ import pytest
 import torch
 
 from benchmarks import cpu, gpu, memory
-from benchmarks.problems import Problem, decode, prefill
+from benchmarks.problems import Problem, decode, make_inputs, prefill
+from dense_oracle import assert_matches_oracle
+from kvcache_cases import KERNELS, REF, over
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "benchmarks" / "schema.json").read_text())
@@ -135,3 +140,31 @@ def test_peak_memory_probe_sees_an_allocation():
     size = 64 * 1024 * 1024
     peak = memory.peak_extra_bytes(lambda: torch.ones(size, dtype=torch.uint8))
     assert size <= peak < size + 16 * 1024 * 1024
+
+
+def timed_problems() -> dict:
+    """Every problem the CPU and GPU suites time (full and quick runs), by id; the graph suite's are
+    decode steps (``step-...``: :func:`benchmarks.gpu.decode_step`), True in the pair."""
+    found = {}
+    for quick in (False, True):
+        for step, problems in ((False, cpu.problems(quick)), (False, gpu.problems(quick)),
+                               (True, gpu.graph_problems(quick))):
+            for p in problems:
+                found[f"{'step-' if step else ''}{p.suite}-b{p.batch}-sk{p.seqlen_k}"] = (step, p)
+    return found
+
+
+def scaled_down(problem: Problem) -> Problem:
+    """The problem at test size: 1/64 of the tokens, 1/8 of the heads (same GQA ratio), of the head
+    dim and of the page size; batch, suite (decode, causal prefill) and dtype as they are."""
+    return dataclasses.replace(problem, seqlen_q=-(-problem.seqlen_q // 64), seqlen_k=problem.seqlen_k // 64,
+                               heads_q=problem.heads_q // 8, heads_kv=problem.heads_kv // 8,
+                               head_dim=problem.head_dim // 8, page_size=problem.page_size // 8)
+
+
+@pytest.mark.parametrize("impl, timed", over([REF, KERNELS], timed_problems()))
+def test_timed_problems_match_the_oracle(impl, timed):
+    step, problem = timed
+    inputs = make_inputs(scaled_down(problem), "cpu")
+    assert_matches_oracle(impl.fn, gpu.decode_step(inputs) if step else inputs.kwargs())
+

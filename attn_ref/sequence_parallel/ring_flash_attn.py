@@ -35,6 +35,7 @@ Every rank's checks run before the first exchange, with the cross-rank agreement
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Callable
 
 import torch
@@ -169,9 +170,13 @@ RING_FLASH_ATTN_FUNCS = (
 
 def with_backend(func: Callable, backend: AttentionBackend) -> Callable:
     """``func`` (an entry point of this module, or :func:`~.ring.ring_attention`: a function with a
-    ``backend`` keyword) computing with ``backend``: same arguments, same errors."""
+    ``backend`` keyword) computing with ``backend``: same arguments but ``backend``, same errors. Its
+    signature (``inspect.signature``, ``help``) is ``func``'s without ``backend``."""
     @functools.wraps(func)
     def bound(*args, **kwargs):
         return func(*args, backend=backend, **kwargs)
 
+    signature = inspect.signature(func)
+    bound.__signature__ = signature.replace(
+        parameters=[p for name, p in signature.parameters.items() if name != "backend"])
     return bound

@@ -26,6 +26,25 @@ def _ints(gen: torch.Generator, low: int, high: int, n: int) -> list[int]:
     return torch.randint(low, high + 1, (n,), generator=gen).tolist()
 
 
+def _caches(gen: torch.Generator, values: torch.Generator, rows: int, capacity: int, page_size: Optional[int],
+            heads_k: int, d: int, dv: int, dtype: torch.dtype) -> dict:
+    """``k_cache (rows, capacity, h_k, d)`` and ``v_cache (..., dv)``, or with ``page_size`` P:
+    ``(num_pages, P, h_k, ...)`` caches of shuffled pages (3 spare) and ``page_table (rows,
+    capacity / P)``; the values drawn on ``values``, the page order on ``gen``."""
+    found = {}
+    if page_size is None:
+        major = (rows, capacity)
+    else:
+        pages_per_seq = capacity // page_size
+        num_pages = rows * pages_per_seq + 3
+        order = torch.randperm(num_pages, generator=gen)[: rows * pages_per_seq]
+        found["page_table"] = order.view(rows, pages_per_seq).to(torch.int32)
+        major = (num_pages, page_size)
+    found["k_cache"] = _randn(values, *major, heads_k, d, dtype=dtype)
+    found["v_cache"] = _randn(values, *major, heads_k, dv, dtype=dtype)
+    return found
+
+
 def make_case(
     *,
     batch: int = 2,
@@ -101,20 +120,10 @@ def make_case(
         args["qv"] = _randn(values, *q_shape, heads, dv, dtype=dtype)
     args["only_qv"] = only_qv
 
-    # Cache: dense rows, or shuffled pages (some spare) addressed by a page table.
-    rows_k = 2 * batch if batch_idx else batch
+    rows_k = 2 * batch if batch_idx else batch  # cache rows; with cache_batch_idx, half of them read
     if batch_idx:
         args["cache_batch_idx"] = torch.randperm(rows_k, generator=gen)[:batch].to(torch.int32)
-    if page_size is None:
-        major = (rows_k, capacity)
-    else:
-        pages_per_seq = capacity // page_size
-        num_pages = rows_k * pages_per_seq + 3
-        order = torch.randperm(num_pages, generator=gen)[: rows_k * pages_per_seq]
-        args["page_table"] = order.view(rows_k, pages_per_seq).to(torch.int32)
-        major = (num_pages, page_size)
-    args["k_cache"] = _randn(values, *major, heads_k, d, dtype=dtype)
-    args["v_cache"] = _randn(values, *major, heads_k, dv, dtype=dtype)
+    args.update(_caches(gen, values, rows_k, capacity, page_size, heads_k, d, dv, dtype))
 
     if new is not None:
         k_shape = (sum(new),) if varlen_new else (batch, seqlen_new)

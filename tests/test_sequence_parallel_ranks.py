@@ -1,13 +1,13 @@
 """Sequence-parallel attention across real ranks (gloo on CPU): every scheme equals one device.
 
-Each rank count is spawned once (a module-scoped fixture): every rank runs the collectives, all the
-cases of that world size and all the error cases, and reports its tensors and exceptions; the tests
-check the reports. For each case, every rank's rows (sharded and replicated) must match single-process
-attention over the whole sequence (FlashAttention's tolerance rule for the output, fp32 noise for
-the LSE; the low-precision reference is FA's ``upcast=False`` oracle). A hang fails the fixture
-through the launcher's timeout instead of blocking the run.
-
-:mod:`test_sequence_parallel_kernels` runs the same cases on the Triton kernels.
+Each (implementation, rank count) is spawned once (the module-scoped ``ranks`` fixture of
+:mod:`rank_spawns`): every rank runs the collectives, all the cases of that world size and all the
+error cases with ``attn_ref.sequence_parallel`` or ``kernels.sequence_parallel`` (the shared SP code
+bound to the Triton kernels, interpreted on CPU), and reports its tensors and exceptions; the tests
+check the reports. For each case, every rank's rows (sharded and replicated) must match
+single-process attention over the whole sequence (FlashAttention's tolerance rule for the output,
+fp32 noise for the LSE; the low-precision reference is FA's ``upcast=False`` oracle). A hang fails
+the fixture through the launcher's timeout instead of blocking the run.
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ import torch
 import attn_ref
 from attn_ref import sequence_parallel as sp
 from dense_oracle import dense_attention
-from rank_spawns import spawned_ranks
+from rank_spawns import REFERENCE_SPAWNS, each_spawn, each_spawn_and, spawned_ranks
 from tolerance import assert_close_fa, assert_lse_close
 
 #: Global (sharded) sequence length, replicated tokens, batch, head dim.
 SEQ, N_REP, BATCH, HEAD_DIM = 16, 3, 2, 16
-#: Whole-run limit of one spawn (the launcher kills a hang after it).
-SPAWN_TIMEOUT_S = 240
 
 
 @dataclass(frozen=True)
@@ -442,39 +440,20 @@ def check_collectives(reports: list[dict]) -> None:
         assert torch.equal(view["received"], views[(rank - 1) % world]["x"])
 
 
-two_ranks = spawned_ranks(run_rank, "attn_ref", [c.id for c in CASES[2]], 2, SPAWN_TIMEOUT_S)
-four_ranks = spawned_ranks(run_rank, "attn_ref", [c.id for c in CASES[4]], 4, SPAWN_TIMEOUT_S)
+ranks = spawned_ranks(run_rank, lambda spawn: CASES[spawn.world])  # both implementations run every case
 
 
-@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-def test_two_ranks_collectives(two_ranks):
-    check_collectives(two_ranks)
+@each_spawn(REFERENCE_SPAWNS)
+def test_collectives(ranks):
+    """The collectives are ``attn_ref.sequence_parallel``'s in every spawn: checked on the reference's."""
+    check_collectives(ranks)
 
 
-@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-def test_four_ranks_collectives(four_ranks):
-    check_collectives(four_ranks)
+@each_spawn_and("case", lambda spawn: CASES[spawn.world])
+def test_match_single_device(ranks, case):
+    check_case(ranks, case)
 
 
-@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("case", CASES[2], ids=lambda c: c.id)
-def test_two_ranks_match_single_device(two_ranks, case):
-    check_case(two_ranks, case)
-
-
-@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("error", error_cases(2), ids=lambda e: e.name)
-def test_two_ranks_errors_on_every_rank(two_ranks, error):
-    check_error(two_ranks, error)
-
-
-@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("case", CASES[4], ids=lambda c: c.id)
-def test_four_ranks_match_single_device(four_ranks, case):
-    check_case(four_ranks, case)
-
-
-@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("error", error_cases(4), ids=lambda e: e.name)
-def test_four_ranks_errors_on_every_rank(four_ranks, error):
-    check_error(four_ranks, error)
+@each_spawn_and("error", lambda spawn: error_cases(spawn.world), item_id=lambda error: error.name)
+def test_errors_on_every_rank(ranks, error):
+    check_error(ranks, error)

@@ -1,10 +1,12 @@
 """Gradients through sequence-parallel attention on real gloo ranks equal single-device gradients.
 
-Each rank count is spawned once (a module-scoped fixture). Every rank builds its shard of one global
-problem (the layouts of :mod:`test_sequence_parallel_ranks`), runs an SP entry point, and calls
-``torch.autograd.backward`` on its outputs (and LSEs, when the entry point returns them) with its rows
-of one global upstream gradient, passed **non-contiguous** (gloo scrambles non-contiguous buffers
-silently, spec §9). Replicated rows get the same upstream gradient on every rank.
+Each (implementation, rank count) is spawned once (the module-scoped ``ranks`` fixture of
+:mod:`rank_spawns`): the reference runs every case, the Triton kernels (the ring backward and the
+collectives' adjoints over the Triton backward, interpreted on CPU) a few. Every rank builds its
+shard of one global problem (the layouts of :mod:`test_sequence_parallel_ranks`), runs an SP entry
+point, and calls ``torch.autograd.backward`` on its outputs (and LSEs, when the entry point returns
+them) with its rows of one global upstream gradient, passed **non-contiguous** (gloo scrambles
+non-contiguous buffers silently, spec §9). Replicated rows get the same upstream gradient on every rank.
 
 The expected gradients are float64 autograd of dense attention over the whole sequence, for the
 single-device loss ``Σ out·dO + Σ lse·dLSE`` in which the replicated rows appear once. Each rank's
@@ -24,14 +26,13 @@ import torch
 
 from attn_ref import sequence_parallel as sp
 from dense_oracle import dense_attention
-from rank_spawns import spawned_ranks
+from rank_spawns import REFERENCE_SPAWNS, each_spawn_and, spawned_ranks
 from test_backward_reference import dense_attention_f64
 from test_sequence_parallel_ranks import (
     BATCH, HEAD_DIM, N_REP, SEQ, Case, _full_inputs, _global_sequence, _my_positions, _varlen_lens,
 )
 from tolerance import assert_close_fa
 
-SPAWN_TIMEOUT_S = 240
 SCALE = HEAD_DIM ** -0.5
 
 
@@ -82,6 +83,19 @@ def _cases_four_ranks() -> list[GradCase]:
 
 
 CASES = {2: _cases_two_ranks(), 4: _cases_four_ranks()}
+
+#: The cases the kernels run (interpreter: a few, one per scheme), by world size; the reference runs all.
+KERNEL_CASE_IDS = {
+    2: ["ulysses2x1-gqa-causal-rep-suffix-float16", "kv_gather2x1-gqa-full-rep-suffix",
+        "ring1x2-gqa-causal-zigzag-bfloat16", "usp1x2-gqa-causal-zigzag-rep-prefix"],
+    4: ["usp2x2-gqa-causal-zigzag-rep-prefix"],
+}
+
+
+def spawn_cases(spawn) -> list[GradCase]:
+    """The cases one :class:`~rank_spawns.Spawn` runs, in ``CASES`` order."""
+    cases = CASES[spawn.world]
+    return cases if spawn.impl == "attn_ref" else [c for c in cases if c.id in KERNEL_CASE_IDS[spawn.world]]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -254,34 +268,28 @@ def check_grads(reports: list[dict], case: GradCase) -> None:
             assert torch.equal(grad, views[0][name]), f"rank {rank} d{name} differs from rank 0's"
 
 
-two_ranks = spawned_ranks(run_rank, "attn_ref", [c.id for c in CASES[2]], 2, SPAWN_TIMEOUT_S)
-four_ranks = spawned_ranks(run_rank, "attn_ref", [c.id for c in CASES[4]], 4, SPAWN_TIMEOUT_S)
+ranks = spawned_ranks(run_rank, spawn_cases)
 
 
-@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("case", CASES[2], ids=lambda c: c.id)
-def test_two_ranks_gradients_match_single_device(two_ranks, case):
-    check_grads(two_ranks, case)
+@each_spawn_and("case", spawn_cases)
+def test_gradients_match_single_device(ranks, case):
+    check_grads(ranks, case)
 
 
-@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("case", CASES[4], ids=lambda c: c.id)
-def test_four_ranks_gradients_match_single_device(four_ranks, case):
-    check_grads(four_ranks, case)
+#: A replicated input's gradient per case whose naive sum over the ranks is checked, by world size.
+NAIVE_SUM_INPUT = {
+    2: {"ulysses2x1-gqa-causal-rep-suffix": "rk", "kv_gather2x1-gqa-full-rep-suffix": "rq"},
+    4: {"ulysses4x1-gqa-causal-rep-suffix": "rv"},
+}
 
 
-@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("world, case_id, name", [
-    (2, "ulysses2x1-gqa-causal-rep-suffix", "rk"),
-    (2, "kv_gather2x1-gqa-full-rep-suffix", "rq"),
-    (4, "ulysses4x1-gqa-causal-rep-suffix", "rv"),
-])
-def test_naive_sum_of_replicated_gradients_double_counts(two_ranks, four_ranks, world, case_id, name):
+@each_spawn_and("case_id", lambda spawn: NAIVE_SUM_INPUT[spawn.world], REFERENCE_SPAWNS, item_id=str)
+def test_naive_sum_of_replicated_gradients_double_counts(ranks, case_id):
     """Each rank holds the full gradient of a replicated input; their sum counts it ``P`` times."""
-    reports = {2: two_ranks, 4: four_ranks}[world]
-    total = sum(r[case_id]["grad"][name] for r in reports)
-    ref, lowp = reports[0][case_id]["ref"][name], reports[0][case_id]["lowp"][name]
-    assert_close_fa(reports[0][case_id]["grad"][name], ref, lowp)
+    name = NAIVE_SUM_INPUT[len(ranks)][case_id]
+    total = sum(r[case_id]["grad"][name] for r in ranks)
+    ref, lowp = ranks[0][case_id]["ref"][name], ranks[0][case_id]["lowp"][name]
+    assert_close_fa(ranks[0][case_id]["grad"][name], ref, lowp)
     with pytest.raises(AssertionError, match="max error"):
         assert_close_fa(total, ref, lowp)
-    assert_close_fa(total / world, ref, lowp)  # it is exactly P copies of the right gradient
+    assert_close_fa(total / len(ranks), ref, lowp)  # it is exactly P copies of the right gradient

@@ -8,7 +8,11 @@ It prints a table and writes ``<device>.json`` (validated by ``benchmarks/schema
 ``<device>.md`` (the same table in Markdown, for the docs) and ``<device>_<suite>.png`` plots to
 ``benchmarks/results/`` (or ``--out``). Every file records the machine, date, versions and command.
 
-* :mod:`benchmarks.problems` - the shapes, the input builders and the byte / FLOP formulas.
+* :mod:`benchmarks.calls` - the case factory (``make_case``): random valid calls, shared with the
+  tests (``tests/kvcache_cases.py``), so every timed problem is a tested problem
+  (``tests/test_benchmarks.py::test_timed_problems_match_the_oracle``).
+* :mod:`benchmarks.problems` - the shapes, the input builders (through ``make_case``) and the byte /
+  FLOP formulas.
 * :mod:`benchmarks.cpu` - reference vs SDPA on the CPU: median time ratio and peak memory.
 * :mod:`benchmarks.gpu` - kernels vs SDPA (and FlashAttention when installed) on a CUDA device:
   decode bandwidth, prefill FLOP/s and the combine kernel's bandwidth.

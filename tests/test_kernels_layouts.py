@@ -1,7 +1,8 @@
-"""kernels.flash_attn_with_kvcache is a drop-in for attn_ref's: the same errors, split partials equal
-to the reference's, the split heuristic, and (on a GPU) int64 cache addressing. The signature, return
-shapes, the ``out`` buffer, performance knobs, ``num_splits`` and the degenerate calls (no keys, empty
-sequences, no query rows) are tested over both implementations in :mod:`test_kvcache_layouts`."""
+"""kernels.flash_attn_with_kvcache is a drop-in for attn_ref's: split partials equal to the
+reference's, the split heuristic, and (on a GPU) int64 cache addressing. The signature, return
+shapes, the ``out`` buffer, performance knobs, ``num_splits`` and the degenerate calls (no keys,
+empty sequences, no query rows) are tested over both implementations in :mod:`test_kvcache_layouts`,
+the errors in :mod:`test_kvcache_errors`."""
 
 import pytest
 import torch
@@ -10,27 +11,12 @@ import attn_ref
 import kernels
 from kernels.splits import attention_tiles, choose_num_splits
 from kvcache_cases import ON_GPU, clone_args, make_case, run_kernels, split_cases
-from test_reference_errors import PACKAGE_CHECKS, UPSTREAM_ORDER, base, message_matches
 from tolerance import assert_lse_close
-
-ERRORS = {**UPSTREAM_ORDER, **PACKAGE_CHECKS}
-
 
 def run_both(args, **knobs):
     """(kernels result, reference result), both 4-tuples on the CPU, each on its own copy of args."""
     return (run_kernels(**clone_args(args), return_softmax_lse=True, **knobs),
             attn_ref.flash_attn_with_kvcache(**clone_args(args), return_softmax_lse=True, **knobs))
-
-
-@pytest.mark.parametrize("change, error, message", ERRORS.values(), ids=ERRORS.keys())
-def test_same_errors_as_the_reference_and_caches_untouched(change, error, message):
-    args = change(base())
-    caches = {name: args[name].clone() for name in ("k_cache", "v_cache")
-              if isinstance(args.get(name), torch.Tensor) and args[name].device.type != "meta"}
-    with pytest.raises(error) as info:
-        kernels.flash_attn_with_kvcache(**args)
-    assert type(info.value) is error and message_matches(str(info.value), message)
-    assert all(torch.equal(args[name], before) for name, before in caches.items())
 
 
 SPLIT_CASES = split_cases(keys=60)

@@ -1,4 +1,5 @@
-"""Every error attn_ref.flash_attn_with_kvcache raises: exact type, exact text, caches untouched.
+"""Every error flash_attn_with_kvcache raises, in both implementations: exact type, exact text,
+caches untouched (the kernels raise what the reference raises, from the same validation).
 
 The base call appends new k/v, so a check that ran after the append would leave a trace in the
 caches. Each case changes a few arguments of the base call; ``UPSTREAM_ORDER`` pins sglang's five
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from attn_ref import flash_attn_with_kvcache
+from kvcache_cases import KERNELS, REF, over
 
 I32 = torch.int32
 
@@ -319,25 +321,27 @@ PACKAGE_CHECKS = {
 }
 
 
-@pytest.mark.parametrize("change, error, message", UPSTREAM_ORDER.values(), ids=UPSTREAM_ORDER.keys())
-def test_upstream_errors_and_order(change, error, message):
-    check_raises(change, error, message)
+@pytest.mark.parametrize("impl, case", over([REF, KERNELS], UPSTREAM_ORDER))
+def test_upstream_errors_and_order(impl, case):
+    check_raises(impl.api, *case)
 
 
-@pytest.mark.parametrize("change, error, message", PACKAGE_CHECKS.values(), ids=PACKAGE_CHECKS.keys())
-def test_package_errors(change, error, message):
-    check_raises(change, error, message)
+@pytest.mark.parametrize("impl, case", over([REF, KERNELS], PACKAGE_CHECKS))
+def test_package_errors(impl, case):
+    check_raises(impl.api, *case)
 
 
-def check_raises(change, error, message):
+def check_raises(api, change, error, message):
+    """``api`` (a ``flash_attn_with_kvcache``, called on the CPU tensors of the case) raises exactly
+    ``error(message)`` and leaves the caches as they were."""
     args = change(base())
-    caches = [x.clone() for x in (args.get("k_cache"), args.get("v_cache")) if isinstance(x, torch.Tensor) and x.device.type != "meta"]
+    caches = {name: args[name].clone() for name in ("k_cache", "v_cache")
+              if isinstance(args.get(name), torch.Tensor) and args[name].device.type != "meta"}
     with pytest.raises(error) as info:
-        flash_attn_with_kvcache(**args)
+        api(**args)
     assert type(info.value) is error
     assert message_matches(str(info.value), message)
-    after = [x for x in (args.get("k_cache"), args.get("v_cache")) if isinstance(x, torch.Tensor) and x.device.type != "meta"]
-    assert all(torch.equal(x, y) for x, y in zip(caches, after))
+    assert all(torch.equal(args[name], before) for name, before in caches.items())
 
 
 def message_matches(actual: str, expected) -> bool:

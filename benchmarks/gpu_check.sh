@@ -7,7 +7,7 @@
 # repository is put on PYTHONPATH. Where the tree arrives without .git, set ATTN_REF_GIT to the
 # commit (`git describe --always --dirty` where it was copied from) so the results name it.
 # Every step runs under `timeout` (SIGTERM, then SIGKILL 10 s later), so one hang cannot eat the
-# budget; the limits add up to 440 s. A benchmark stopped by its limit still writes the cases it
+# budget; the limits add up to 510 s. A benchmark stopped by its limit still writes the cases it
 # finished. The tests include tests/test_kernels_cuda_graph.py (a decode step of the public call
 # captured in a CUDA graph, replayed with new tokens and cache_seqlens, equal to eager calls); the
 # benchmarks' graph suite times eager calls against graph replays. OUTDIR receives nine flat files:
@@ -47,12 +47,13 @@ print('attn_ref', versions()['attn_ref_git'])
 p = torch.cuda.get_device_properties(0)
 print(p.name, '| SMs', p.multi_processor_count, '| memory GB', p.total_memory / 1e9, '| cc', p.major, p.minor)"
 step nvidia-smi 20 bash -c "nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE,POWER,TEMPERATURE"
-gpu_tests=(tests/test_kernels_*.py tests/test_kvcache_*.py)  # the kernels' tests (and the feature tests
-# parametrised over both implementations), plus the kernel-backed backward and sequence-parallel ones
-for extra in tests/test_backward_kernels.py tests/test_sequence_parallel_kernels.py; do
-  [ -f "$extra" ] && gpu_tests+=("$extra")
-done
-step tests 180 "$py" -m pytest "${gpu_tests[@]}" -x -q -p no:cacheprovider
+# The kernels' tests (and the feature tests parametrised over both implementations), the kernel
+# backward, then the kernel-backed sequence-parallel tests (the kernels' spawns of the modules that
+# are parametrised over both implementations: their test ids contain "kernels").
+step tests 160 "$py" -m pytest tests/test_kernels_*.py tests/test_kvcache_*.py tests/test_backward_kernels.py \
+  -x -q -p no:cacheprovider
+step sp-tests 90 "$py" -m pytest tests/test_sequence_parallel_ranks.py tests/test_sp_backward.py -k kernels \
+  -x -q -p no:cacheprovider
 step bench 150 "$py" -m benchmarks.run --device cuda --out "$out"
 step bench-backward 60 "$py" -m benchmarks.gpu_backward --out "$out"
 step clocks-after 10 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv

@@ -1,8 +1,8 @@
 """Sequence parallelism in one process: layouts, the ring schedule, world size 1, argument checks.
 
 Everything here runs without ``torch.distributed``: a group of one rank is the identity. The
-multi-rank behaviour is in :mod:`test_sequence_parallel_ranks` (reference) and
-:mod:`test_sequence_parallel_kernels` (Triton kernels).
+multi-rank behaviour is in :mod:`test_sequence_parallel_ranks` and :mod:`test_sp_backward`, both
+parametrised over the two implementations (reference and Triton kernels).
 """
 
 from __future__ import annotations

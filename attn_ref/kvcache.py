@@ -155,8 +155,9 @@ def attend(call: KVCacheCall):
             continue
         partials = _split_states(call, i, n_splits)
         _store_state(_merge_states(partials), rows, out_rows, lse_rows)
-        for s, partial in enumerate(partials if accum is not None else []):
-            _store_state(partial, rows, accum[s], lse_accum[s])
+        if accum is not None:  # the split partials too
+            for s, partial in enumerate(partials):
+                _store_state(partial, rows, accum[s], lse_accum[s])
     return _to_caller_layout(call, out_rows, lse_rows, accum, lse_accum)
 
 

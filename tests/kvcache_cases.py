@@ -20,7 +20,7 @@ import torch
 
 import attn_ref
 import kernels
-from benchmarks.calls import clone_args, make_case  # noqa: F401  (the tests' case factory)
+from attn_ref.conformance.calls import clone_args, make_case  # noqa: F401  (the tests' case factory)
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")

@@ -16,7 +16,7 @@ import torch
 import attn_ref
 import broken_kvcache
 import kernels
-from attn_ref.conformance import CAPABILITIES, FEATURES, SIZES, run_conformance
+from attn_ref.conformance import CAPABILITIES, FEATURES, KNOWN_TARGETS, SIZES, run_conformance
 from attn_ref.conformance.grid import FAMILIES, select
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,3 +132,11 @@ def test_pytest_entry(tmp_path):
     assert "1 failed, 1 passed, 1 skipped" in result.stdout, result.stdout
     assert "not supported: values/qv needs qv" in result.stdout
     assert "test_broken[values/leftpad]" in result.stdout and "from broken_kvcache import ignores_leftpad" in result.stdout
+
+
+def test_docs_page_lists_every_feature_capability_and_target():
+    page = (ROOT / "docs" / "conformance.md").read_text()
+    for name in [f.name for f in FEATURES] + list(KNOWN_TARGETS):
+        assert f"| `{name}` |" in page, name
+    for name in CAPABILITIES:
+        assert f"`{name}`" in page.split("## Capabilities")[1].split("## The report")[0], name

@@ -19,12 +19,9 @@ from typing import Callable, Iterable, Union
 import pytest
 import torch
 
-from .capabilities import declared_unsupported
-from .features import FEATURES
-from .grid import Feature, select as select_features
+from .grid import Feature
 from .report import FAIL, NOT_SUPPORTED
-from .runner import run_feature
-from .target import load_target, target_name
+from .runner import plan, run_feature
 
 
 def conformance_test(
@@ -38,10 +35,7 @@ def conformance_test(
 ) -> Callable:
     """A pytest test function parametrised over the selected features (arguments as
     :func:`attn_ref.conformance.run_conformance`); bind it to a ``test_*`` name in a test module."""
-    fn = load_target(target) if isinstance(target, str) else target
-    name = target if isinstance(target, str) else target_name(fn)
-    declared = declared_unsupported(fn, unsupported)
-    size, features = select_features(FEATURES, select)
+    fn, name, declared, size, features = plan(target, select, unsupported)
 
     @pytest.mark.parametrize("feature", features, ids=[feature.name for feature in features])
     def test_conformance(feature: Feature) -> None:

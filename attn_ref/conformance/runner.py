@@ -10,7 +10,7 @@ import torch
 from .call import call_target, cpu_copy
 from .capabilities import declared_unsupported
 from .features import FEATURES
-from .grid import Feature, Probe, select as select_features
+from .grid import Feature, Probe, Size, select as select_features
 from .repro import repro_snippet
 from .report import FAIL, NOT_SUPPORTED, PASS, Failure, FeatureResult, Report
 from .target import load_target, target_name
@@ -34,10 +34,7 @@ def run_conformance(
     :func:`grid.select`); ``unsupported``: capabilities the target declares it lacks, united with
     its ``CONFORMANCE_UNSUPPORTED``; ``progress`` is called with each feature's result as it is done.
     """
-    fn = load_target(target) if isinstance(target, str) else target
-    name = target if isinstance(target, str) else target_name(fn)
-    declared = declared_unsupported(fn, unsupported)
-    size, chosen = select_features(FEATURES if features is None else features, select)
+    fn, name, declared, size, chosen = plan(target, select, unsupported, features)
     results = []
     for feature in chosen:
         result = run_feature(fn, name, feature, size, dtype, seed, str(device), declared)
@@ -47,7 +44,18 @@ def run_conformance(
     return Report(name, str(device), str(dtype).removeprefix("torch."), size.name, seed, sorted(declared), results)
 
 
-def run_feature(fn: Callable, name: str, feature: Feature, size, dtype, seed: int, device: str,
+def plan(target: Union[str, Callable], select: Union[str, list[str]], unsupported: Iterable[str],
+         features: Optional[list[Feature]] = None) -> tuple[Callable, str, frozenset, Size, list[Feature]]:
+    """The function, its ``module:function`` name, its declared-unsupported capabilities, the size
+    and the features of a run (every name checked before anything runs)."""
+    fn = load_target(target) if isinstance(target, str) else target
+    name = target if isinstance(target, str) else target_name(fn)
+    declared = declared_unsupported(fn, unsupported)
+    size, chosen = select_features(FEATURES if features is None else features, select)
+    return fn, name, declared, size, chosen
+
+
+def run_feature(fn: Callable, name: str, feature: Feature, size: Size, dtype: torch.dtype, seed: int, device: str,
                 declared: frozenset) -> FeatureResult:
     """One feature: "not supported" if it needs a declared capability, else all its probes."""
     missing = sorted(set(feature.needs) & declared)

@@ -2,7 +2,7 @@
 
 fp32: greedy ``generate`` on a left-padded batch gives eager's tokens exactly, and its logits within
 1e-4 (fp32 summation order; a window off by one key moves them by 0.2 or more), for the four
-families of :mod:`tests.transformers_models`, both implementations.
+families of :mod:`tests.transformers_models`, both implementations; and with a static cache (Gemma-2).
 
 bf16: each implementation's error against fp32 eager (the logits of a left-padded prefill, at the
 tokens that are not padding) is at most ``MARGIN`` times transformers' own bf16 baseline, ``sdpa``
@@ -70,3 +70,16 @@ def test_bf16_as_close_to_eager_as_sdpa(family):
     for impl in IMPLEMENTATIONS:
         assert figures[impl][0] <= MARGIN_MEAN * figures[baseline][0], figures
         assert figures[impl][1] <= MARGIN_MAX * figures[baseline][1] + ulp, figures
+
+
+@pytest.mark.parametrize("family", ["gemma2"])
+def test_static_cache_is_eager(family):
+    """A static cache hands attention every slot, empty ones included: they become cache_seqlens."""
+    model, outputs = tiny_model(family), {}
+    for implementation in ("eager", "attn_ref"):
+        model.set_attn_implementation(implementation)
+        out = model.generate(**padded_batch(), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                             cache_implementation="static", output_logits=True, return_dict_in_generate=True)
+        outputs[implementation] = out.sequences, torch.stack(out.logits, 1)
+    assert torch.equal(outputs["attn_ref"][0], outputs["eager"][0])
+    assert (outputs["attn_ref"][1] - outputs["eager"][1]).abs().max().item() <= 1e-4

@@ -11,7 +11,8 @@ STAMP := $(VENV)/.installed
 PINNED := triton==3.9.0 numpy==2.4.6 pytest==9.2.0 hypothesis==6.170.17 pytest-timeout==2.4.0 \
 	jsonschema==4.26.0 nbformat==5.11.1 nbclient==0.11.0 ipykernel==7.4.0 matplotlib==3.11.2 \
 	mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocs-jupyter==0.26.3 'mkdocstrings[python]==1.0.8' \
-	mkdocstrings-python==2.0.11 playwright==1.65.2 jupytext==1.19.6 django-static-mathjax==3.2.2.1
+	mkdocstrings-python==2.0.11 playwright==1.65.2 jupytext==1.19.6 django-static-mathjax==3.2.2.1 \
+	transformers==5.23.0
 
 .PHONY: serve test docs venv browser clean
 

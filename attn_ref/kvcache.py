@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 import torch
 
-from errors.notes import catalogued
+from .error_notes import catalogued
 
 from .append import append_kv
 from .attention import attention_with_lse

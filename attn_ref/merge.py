@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from errors.notes import catalogued
+from .error_notes import catalogued
 
 
 @catalogued

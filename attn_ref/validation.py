@@ -69,6 +69,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
+from .layout_hint import check_heads_first
 from .paged import cache_slots, flat_slot_index
 
 #: Input dtypes both implementations accept (fp32 is an addition to upstream's fp16/bf16/fp8).
@@ -682,6 +683,7 @@ def _check_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     num_heads, head_dim, num_heads_k = q.shape[-2], q.shape[-1], v_cache.shape[2]
     _require_shape("k_cache", k_cache, (*v_cache.shape[:3], head_dim), "(matching v_cache, with q's head dim)")
     if num_heads_k == 0 or num_heads % num_heads_k != 0:
+        check_heads_first(q, k_cache, page_table)  # the same rejection, with the fix when q looks (b, h, s, d)
         raise ValueError(
             f"the number of key/value heads ({num_heads_k}) must divide the number of query "
             f"heads ({num_heads})"
@@ -858,6 +860,8 @@ def _check_scalars(softmax_scale, softcap) -> tuple[float, float]:
     ``softcap <= 0`` (and NaN) is off. Returns them as floats, softcap rounded to float32 (0 = off)."""
     softmax_scale = _require_real("softmax_scale", softmax_scale)
     _require_float32_finite("softmax_scale", softmax_scale)
+    if softcap is None:  # transformers' "off"; FA3's and sglang's ops reject None (a float argument)
+        raise TypeError("softcap must be a real number, got None: softcap=0.0 turns softcapping off")
     softcap = _require_real("softcap", softcap)
     softcap = 0.0 if math.isnan(softcap) or softcap <= 0 else softcap
     _require_float32_finite("softcap", softcap)

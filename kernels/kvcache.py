@@ -41,7 +41,7 @@ from typing import Optional, Union
 import torch
 
 from attn_ref.validation import BATCH_FIELDS, KVCacheCall, check_kvcache_args
-from errors.notes import catalogued
+from attn_ref.error_notes import catalogued
 
 from .append import plan_append_kv
 from .attention import plan_attention

@@ -60,8 +60,11 @@ class Launch:
         return {k: (dummy if v is None else v) for k, v in self.args.items()}
 
     def run(self) -> None:
+        from .backend import require_backend  # backend.py reads INTERPRETING from here
+
         if min(self.grid) == 0:
             return
+        require_backend(self.args.values())
         self.kernel[self.grid](
             **self.runtime_args(), **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
         )

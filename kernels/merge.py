@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from attn_ref.merge import check_merge_states, check_state
-from errors.notes import catalogued
+from attn_ref.error_notes import catalogued
 
 from .launch import Launch, next_power_of_2, explicit_rounding
 from .numerics import store_as

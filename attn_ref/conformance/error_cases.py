@@ -249,7 +249,8 @@ PACKAGE_CHECKS = {
     "attention_chunk_beyond_int64": (lambda a: dict(a, attention_chunk=2**70), ValueError,
                                      "attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), "
                                      f"got {2**70}"),
-    "softcap_none": (lambda a: dict(a, softcap=None), TypeError, "softcap must be a real number, got NoneType"),
+    "softcap_none": (lambda a: dict(a, softcap=None), TypeError,
+                     "softcap must be a real number, got None: softcap=0.0 turns softcapping off"),
     "softcap_inf": (lambda a: dict(a, softcap=float("inf")), ValueError,
                     "softcap must be finite in float32 (|softcap| <= 3.4e38), got inf"),
     "softcap_beyond_float32": (lambda a: dict(a, softcap=1e39), ValueError,

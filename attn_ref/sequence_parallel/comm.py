@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from errors.notes import catalogued
+from ..error_notes import catalogued
 
 from .checks import check_all_to_all_4d, check_gather_dim
 

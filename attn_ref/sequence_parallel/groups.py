@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from errors.notes import catalogued
+from ..error_notes import catalogued
 
 from .checks import check_positive_int, check_sp_degrees
 from .comm import SELF_GROUP, Group, group_size

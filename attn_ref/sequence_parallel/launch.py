@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from errors.notes import catalogued
+from ..error_notes import catalogued
 
 from .checks import check_launch_args
 

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from errors.notes import catalogued
+from ..error_notes import catalogued
 
 from .checks import check_shard_args
 

@@ -35,7 +35,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
-from errors.notes import catalogued
+from ..error_notes import catalogued
 
 from .backend import REFERENCE_BACKEND, AttentionBackend
 from .agreement import describe, run_checks_on_every_rank

@@ -40,7 +40,7 @@ from typing import Callable
 
 import torch
 
-from errors.notes import catalogued
+from ..error_notes import catalogued
 
 from .agreement import describe, run_checks_on_every_rank
 from .backend import REFERENCE_BACKEND, AttentionBackend

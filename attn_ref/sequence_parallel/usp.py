@@ -38,7 +38,7 @@ from typing import Optional
 
 import torch
 
-from errors.notes import catalogued
+from ..error_notes import catalogued
 
 from .agreement import describe, run_checks_on_every_rank
 from .checks import (

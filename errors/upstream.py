@@ -92,6 +92,24 @@ def by_entry(folder: Path = UPSTREAM_DIR) -> dict[str, list[tuple[dict, dict]]]:
     return found
 
 
+#: FlashAttention's C++ argument names (the first word of its messages) -> the Python argument of
+#: ``flash_attn_with_kvcache`` (sglang's wrapper and attn-ref) that reaches it.
+CPP_NAMES = {"seqused_k": "cache_seqlens", "seqlens_k": "cache_seqlens", "leftpad_k": "cache_leftpad",
+             "kv_batch_idx": "cache_batch_idx", "k_new": "k", "v_new": "v", "q_v": "qv", "kcache": "k_cache",
+             "vcache": "v_cache", "block_table": "page_table", "seqlens_rotary": "rotary_seqlens"}
+
+
+def translated_names(found: list[dict]) -> list[tuple[str, str]]:
+    """``(C++ name, Python name)`` for the differing names that the messages start with."""
+    names = []
+    for message in found:
+        first = re.match(r"\w+", message["template"])
+        python = CPP_NAMES.get(first.group(0)) if first else None
+        if python and python != first.group(0) and (first.group(0), python) not in names:
+            names.append((first.group(0), python))
+    return names
+
+
 def literal_length(template: str) -> int:
     return len(re.sub(r"\{[^{}]*\}", "", template))
 
@@ -128,4 +146,7 @@ def render_markdown_section(entry: dict, folder: Optional[Path] = None) -> list[
         pin = message.get("commit", "")[:12] or "unpinned"
         lines.append(f"- `{message['exception']}: {message['template']}` ({data['title']}: `{message['path']}`, "
                      f"`{message['function']}`, {pin})")
+    names = translated_names([m for _, m in mapped])
+    if names:
+        lines += ["", "Argument names: " + ", ".join(f"`{a}` is `{b}`" for a, b in names) + "."]
     return lines + [""]

@@ -148,6 +148,7 @@ def pasted_forms(message: dict) -> list[str]:
             "call first):\nframe #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9c (0x7f in libc10.so)\n"
             "frame #1: <unknown function> + 0x1234 (0x7f in flash_attn_3.so)\n",
             f"torch.AcceleratorError: {text}",
+            f"{typed}Exception raised from {message['function']} at /src/{message['path']}:9 (most recent call first):",
         ]
     return forms
 

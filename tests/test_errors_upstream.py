@@ -169,6 +169,8 @@ def test_broad_templates_stay_on_their_subject():
     k_cache_page = errors.lookup("k_cache must have contiguous last dimension", catalog)["id"]
     for name in ("block_table", "ALiBi slopes tensor", "page_table", "Key tensor"):
         assert errors.lookup(f"{name} must have contiguous last dimension", catalog)["id"] != k_cache_page
+    # a name nobody raises this for finds nothing, rather than the k_cache page
+    assert errors.lookup("my_tensor must have contiguous last dimension", catalog) is None
 
 
 def test_explain_cli_with_a_cpp_traceback():

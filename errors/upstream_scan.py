@@ -16,7 +16,8 @@ C++ (``*.cpp``, ``*.cu``, ``*.h``, ``*.hpp``, ``*.cuh``), as PyTorch prints each
   These are FlashAttention's macros (``#x " must be on CUDA"`` and so on).
 
 Python: every ``raise T(message)`` (any exception type) and ``assert cond, message``; the message
-template comes from :mod:`errors.scan` (f-strings, ``%``, ``.format``, a name bound earlier). A
+template comes from :mod:`errors.scan` (f-strings, ``%``, ``.format``, a name bound earlier; a name
+bound to a call of a module function counts each string literal that function returns). A
 bare ``raise T`` or ``assert cond`` says nothing a user could paste, and is skipped.
 
 Each message records its path, enclosing function (``Class.method`` in Python), exception type
@@ -262,9 +263,22 @@ def scan_cpp(text: str, path: str) -> list[UpstreamMessage]:
 # ---------------------------------------------------------------------------------------------------
 
 
+def returned_strings(module: ast.Module) -> dict[str, list[str]]:
+    """``name -> [text, ...]``: the string literals each module-level function returns (a function
+    that computes a reason for its caller to raise)."""
+    found = {}
+    for node in module.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            texts = [r.value.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value is not None
+                     and isinstance(r.value, ast.Constant) and isinstance(r.value.value, str)]
+            if texts:
+                found[node.name] = texts
+    return found
+
+
 class _PythonCollector(ast.NodeVisitor):
-    def __init__(self, path: str, constants: dict):
-        self.path, self.constants = path, constants
+    def __init__(self, path: str, constants: dict, reasons: dict):
+        self.path, self.constants, self.reasons = path, constants, reasons
         self.scope: list = []
         self.found: list[UpstreamMessage] = []
 
@@ -287,11 +301,27 @@ class _PythonCollector(ast.NodeVisitor):
     def _add(self, kind: str, exception: str, arg: Optional[ast.expr], line: int) -> None:
         if arg is None:
             return
+        where = ".".join(n.name for n in self.scope) or "<module>"
         message = self._message(arg, line)
+        if message.kind == "dynamic":  # reason = helper(...); raise T(reason): each text the helper returns
+            for text in self._reasons(arg, line):
+                self.found.append(UpstreamMessage(self.path, where, kind, exception, Message("literal", [text])))
         if message.kind in ("dynamic", "none") or not message.parts:
             return
-        where = ".".join(n.name for n in self.scope) or "<module>"
         self.found.append(UpstreamMessage(self.path, where, kind, exception, message))
+
+    def _reasons(self, arg: ast.expr, line: int) -> list[str]:
+        """The texts a message variable can hold when its last assignment calls a module function that
+        returns string literals."""
+        function = next((n for n in reversed(self.scope) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
+                        None)
+        if not isinstance(arg, ast.Name) or function is None:
+            return []
+        lines, values = _assignments(function).get(arg.id, ((), ()))
+        value = next((v for at, v in zip(reversed(lines), reversed(values)) if at < line), None)
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            return self.reasons.get(value.func.id, [])
+        return []
 
     def visit_Raise(self, node: ast.Raise) -> None:
         if isinstance(node.exc, ast.Call):
@@ -305,7 +335,7 @@ class _PythonCollector(ast.NodeVisitor):
 def scan_python(text: str, path: str) -> list[UpstreamMessage]:
     """The raise and assert messages of one Python file, in source order."""
     module = ast.parse(text, filename=path)
-    collector = _PythonCollector(path, module_constants(module))
+    collector = _PythonCollector(path, module_constants(module), returned_strings(module))
     collector.visit(module)
     return collector.found
 

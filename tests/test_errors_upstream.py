@@ -194,3 +194,12 @@ def test_upstream_only_entries_are_mapped_and_never_raised():
     only = next(e for e in broken["errors"] if e["status"] == "upstream_only")
     only["examples"]["trigger"] = {"code": "pass"}
     assert cat.schema_problems(broken)
+
+
+def test_a_reason_returned_by_a_helper_and_raised_by_its_caller():
+    found = scan_python(
+        "def _reason(mask):\n    if mask:\n        return 'masks are not supported.'\n    return None\n\n\n"
+        "class USP:\n    def forward(self, mask):\n        why = _reason(mask)\n        if why:\n"
+        "            raise NotImplementedError(why)\n", "layer.py")
+    assert [(m.function, m.exception, m.message.template) for m in found] == [
+        ("USP.forward", "NotImplementedError", "masks are not supported.")]

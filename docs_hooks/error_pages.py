@@ -12,8 +12,11 @@ Nothing is written into ``docs/``: every page and JSON document is a ``File.gene
   sidebar and previous/next links;
 * ``api/errors/<id>.json``: the entry, serialised as the catalog serialises it
   (:func:`entry_json`), so its bytes are those of the entry in ``errors/catalog.json``;
+* ``errors/upstream.md`` -> ``/errors/upstream/``: upstream's messages (``errors/upstream/*.json``) by
+  source, each linking to the entry it maps to; entry pages list them as "Also raised upstream as";
 * ``api/errors/index.json``: package, version and one summary row per entry, with its message
-  template and regex (the site's search matches pasted messages with them: ``error-search.js``);
+  template and regex, and one row per upstream message with its regex and entry (the site's search
+  matches pasted messages with them: ``error-search.js``);
 * ``api/errors/schema.json``: ``errors/schema.json``, byte for byte.
 """
 
@@ -59,6 +62,12 @@ def _catalog_module(config):
     return catalog
 
 
+def _upstream_module():
+    from errors import upstream  # importable once _catalog_module has put the root on sys.path
+
+    return upstream
+
+
 def entry_json(entry: dict) -> str:
     """One entry as stored in the catalog: ``errors.catalog.dumps`` indents it by 4 more spaces."""
     return json.dumps(entry, indent=2, ensure_ascii=False) + "\n"
@@ -71,8 +80,11 @@ def index_json(catalog: dict) -> str:
          "template": e["message"]["template"], "regex": e["message"]["regex"]}
         for e in catalog["errors"]
     ]
+    upstream_rows = [{"source": data["source"], "type": m["exception"], "template": m["template"],
+                      "regex": m["regex"], "entry": m["entry"]} for data, m in _upstream_module().messages()]
     doc = {"package": catalog["package"], "package_version": catalog.get("package_version"),
-           "schema_version": catalog["schema_version"], "docs_base_url": catalog["docs_base_url"], "errors": rows}
+           "schema_version": catalog["schema_version"], "docs_base_url": catalog["docs_base_url"], "errors": rows,
+           "upstream": upstream_rows}
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -103,6 +115,11 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
     ]
     if entry["status"] == "removed":
         lines += ['!!! note "No longer raised"', "", _indent(entry["removed_note"]), ""]
+    if entry["status"] == "upstream_only":
+        lines += ['!!! note "Raised only upstream"', "",
+                  _indent("attn-ref never raises this error: upstream does (the messages under "
+                          "[Also raised upstream as](#also-raised-upstream-as)). The examples check when upstream "
+                          "raises it and run the same computation with attn-ref."), ""]
     lines += ["## Error message", "", _fence(message["template"], "text"), ""]
     renamed = [p for p in message["placeholders"] if p["expr"] != p["name"]]
     if renamed:
@@ -116,12 +133,13 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
     lines += ["## What it means", "", entry["what_it_means"].rstrip(), "",
               "## When it happens", "", when["trigger"].rstrip(), ""]
     lines += [f"* {situation}" for situation in when["common_situations"]] + [""]
-    # Pygments drops leading empty lines, so the block starts at the first non-empty one.
-    text = source["excerpt"]["text"].lstrip("\n")
-    start = source["excerpt"]["start_line"] + len(source["excerpt"]["text"]) - len(text)
-    first, last = source["line"] - start + 1, source["end_line"] - start + 1
-    lines += ["## Source", "", f"Raised in `{source['function']}`, `{source['path']}` line {source['line']}:", "",
-              _fence(text, "python", f'linenums="{start}" hl_lines="{first}-{last}" title="{source["path"]}"'), ""]
+    if source is not None:
+        # Pygments drops leading empty lines, so the block starts at the first non-empty one.
+        text = source["excerpt"]["text"].lstrip("\n")
+        start = source["excerpt"]["start_line"] + len(source["excerpt"]["text"]) - len(text)
+        first, last = source["line"] - start + 1, source["end_line"] - start + 1
+        lines += ["## Source", "", f"Raised in `{source['function']}`, `{source['path']}` line {source['line']}:", "",
+                  _fence(text, "python", f'linenums="{start}" hl_lines="{first}-{last}" title="{source["path"]}"'), ""]
     lines += ["## Solutions", ""]
     for n, solution in enumerate(entry["solutions"], 1):
         lines += [f"{n}. **{solution['title']}**", "", _indent(solution["body"].rstrip()), ""]
@@ -131,6 +149,8 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
     if examples.get("setup"):
         lines += ["Every tab below starts from this setup:", "", _fence(examples["setup"]), ""]
     for key, title in EXAMPLE_TABS:
+        if key not in examples:  # an upstream-only entry: fixed and predicate only
+            continue
         example = examples[key]
         lines += [f'=== "{title}"', "", _indent(_fence(example["code"])), ""]
         if key == "predicate":
@@ -142,12 +162,62 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
         raised_as = f" as `{up['exception']}`" if up.get("exception") else ""
         lines += ["## Upstream", "", f"sglang raises this message too{raised_as}: `{up['repository']}`, "
                   f"`{up['path']}`, in `{up['function']}`. {up['note']}", ""]
+    lines += upstream_section(entry)
     if entry["related"]:
         lines += ["## Related errors", ""]
         for link in entry["related"]:
             other = by_id[link["id"]]
             lines.append(f"* [{other['summary']}]({other['id']}.md) ({link['relation'].replace('_', ' ')})")
         lines.append("")
+    return "\n".join(lines)
+
+
+def _permalink(data: dict, message: dict) -> str:
+    """The message's file on GitHub at the commit read (the repository's page where none is pinned)."""
+    if message.get("commit"):
+        return f"https://github.com/{data['repository']}/blob/{message['commit']}/{message['path']}"
+    return f"https://github.com/{data['repository']}"
+
+
+def upstream_section(entry: dict) -> list[str]:
+    """"Also raised upstream as": every upstream wording mapped to the entry, with where it is raised,
+    and the C++ argument names that differ from the Python ones."""
+    upstream = _upstream_module()
+    mapped = upstream.by_entry().get(entry["id"], [])
+    if not mapped:
+        return []
+    lines = ["## Also raised upstream as", ""]
+    for data, message in mapped:
+        pin = f"`{message['commit'][:12]}`" if message.get("commit") else "unpinned"
+        lines.append(f"* {_cell(message['exception'] + ': ' + message['template'])}<br>{html.escape(data['title'])}, "
+                     f"[`{message['path']}`]({_permalink(data, message)}) in `{message['function']}` ({pin})")
+    names = upstream.translated_names([m for _, m in mapped])
+    if names:
+        lines += ["", "Argument names: " + ", ".join(f"`{a}` is `{b}`" for a, b in names) + " (upstream's C++ name, "
+                  "then the Python argument of `flash_attn_with_kvcache`)."]
+    return lines + [""]
+
+
+def upstream_page(catalog: dict) -> str:
+    """Every upstream message by source, each linked to its entry."""
+    upstream = _upstream_module()
+    by_id = {e["id"]: e for e in catalog["errors"]}
+    lines = ["# Upstream errors", "",
+             "The errors users of sglang, FlashAttention, ring-flash-attention and yunchang meet, read from "
+             "their sources (`python -m errors scan --upstream`) and kept in `errors/upstream/*.json`. Each "
+             "links to the catalog entry for the same condition: the one attn-ref raises, or an entry for a "
+             "condition only upstream has. Pasting any of them into the search box (or into "
+             "`python -m errors explain`) opens that entry.", ""]
+    for data in upstream.load_all():
+        pins = sorted({m.get("commit", "")[:12] or "unpinned" for m in data["messages"]})
+        lines += [f"## {data['title']}", "",
+                  f"`{data['repository']}` ({', '.join(pins)}): {len(data['messages'])} messages.", "",
+                  '<div class="error-index" markdown>', ""]
+        for message in data["messages"]:
+            entry = by_id[message["entry"]]
+            lines.append(f"* {_cell(message['exception'] + ': ' + message['template'])}<br>"
+                         f"`{message['function']}` · [{html.escape(entry['summary'])}]({entry['id']}.md)")
+        lines += ["", "</div>", ""]
     return "\n".join(lines)
 
 
@@ -178,6 +248,8 @@ def index_page(catalog: dict) -> str:
     ]
     if catalog.get("upstream_shared"):
         lines += [catalog["upstream_shared"]["statement"], ""]
+    lines += ["Errors of sglang, FlashAttention, ring-flash-attention and yunchang are listed by source on "
+              "[Upstream errors](upstream.md), each linked to its entry.", ""]
     lines += [
         "Machine-readable: [`api/errors/index.json`](../api/errors/index.json) lists every entry, "
         "`api/errors/<id>.json` holds one entry exactly as in `errors/catalog.json`, and "
@@ -193,8 +265,10 @@ def sections(catalog: dict) -> list[tuple[str, list[dict]]]:
     active = [e for e in catalog["errors"] if e["status"] == "active"]
     by_area = sorted({e["area"] for e in active}, key=lambda area: area_title(area).lower())
     found = [(area_title(area), [e for e in active if e["area"] == area]) for area in by_area]
+    only_upstream = [e for e in catalog["errors"] if e["status"] == "upstream_only"]
     removed = [e for e in catalog["errors"] if e["status"] == "removed"]
-    return found + ([("No longer raised", removed)] if removed else [])
+    return (found + ([("Raised only upstream", only_upstream)] if only_upstream else [])
+            + ([("No longer raised", removed)] if removed else []))
 
 
 def on_config(config):
@@ -205,7 +279,7 @@ def on_config(config):
         at = next((n + 1 for n, item in enumerate(nav) if AFTER in item), len(nav) - 1)
         pages = [{title: [f"errors/{e['id']}.md" for e in sorted(entries, key=lambda e: e["summary"].lower())]}
                  for title, entries in sections(catalog)]
-        nav.insert(at, {SECTION: ["errors/index.md", *pages]})
+        nav.insert(at, {SECTION: ["errors/index.md", "errors/upstream.md", *pages]})
     config["nav"] = nav
     return config
 
@@ -228,6 +302,7 @@ def on_files(files, config):
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         raise PluginError(f"error pages: {exc}") from None
     generated = {"errors/index.md": index_page(catalog),
+                 "errors/upstream.md": upstream_page(catalog),
                  "api/errors/index.json": index_json(catalog),
                  "api/errors/schema.json": catalog_module.SCHEMA_PATH.read_bytes()}
     for entry in catalog["errors"]:

@@ -86,7 +86,29 @@ def _sync(args, catalog_path: Path) -> int:
     return 0 if not (result.unmatched_sites or result.unmatched_entries) else 1
 
 
+def _scan_messages(args) -> int:
+    from . import upstream
+    from .upstream_scan import scan_upstream
+
+    try:
+        if args.upstream is not None:
+            data, unmapped = upstream.refresh_file(Path(args.path), args.upstream)
+            print(f"{args.upstream}: {len(data['messages'])} messages, {unmapped} without an entry")
+            return 1 if unmapped else 0
+        found = scan_upstream(Path(args.path), ["."])
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        raise ScanError(f"cannot scan {args.path}: {exc}") from None
+    if args.json:
+        print(json.dumps([m.as_json() for m in found], indent=2, ensure_ascii=False))
+    else:
+        for m in found:
+            print(f"{m.path} {m.function} {m.exception}: {m.message.template}")
+    return 0 if found else 1
+
+
 def _scan(args) -> int:
+    if args.messages or args.upstream is not None:
+        return _scan_messages(args)
     sites, problems = scan_path(args.path)
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
@@ -117,6 +139,11 @@ def parser() -> argparse.ArgumentParser:
     scan_p = sub.add_parser("scan", help="list the raise sites of any Python tree, without importing it")
     scan_p.add_argument("path")
     scan_p.add_argument("--json", action="store_true", help="a JSON array instead")
+    scan_p.add_argument("--messages", action="store_true",
+                        help="every error text instead: C++ TORCH_CHECK / CHECK_* and Python raise / assert")
+    scan_p.add_argument("--upstream", metavar="FILE", type=Path,
+                        help="rescan PATH (an upstream checkout) as errors/upstream/FILE.json describes, and "
+                             "rewrite FILE (each message's entry is kept)")
     return p
 
 

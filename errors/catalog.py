@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Union
 
-from . import pasted
+from . import pasted, upstream
 
 #: The catalog shipped with the package, its JSON Schema, and the repository root it describes.
 CATALOG_PATH = Path(__file__).with_name("catalog.json")
@@ -246,7 +246,30 @@ def match(message: str, exception_type: Optional[str] = None, catalog: Optional[
             continue
         if literal_length(entry) and re.fullmatch(entry["message"]["regex"], message):
             found.append(entry)
-    return sorted(found, key=lambda e: (e["status"] != "active", -literal_length(e), e["id"]))
+    return sorted(found, key=lambda e: (e["status"] == "removed", -literal_length(e), e["id"]))
+
+
+def match_pasted(message: str, exception_type: Optional[str], catalog: dict,
+                 upstream_dir: Optional[Path] = None) -> list[dict]:
+    """Entries for a pasted message, best first: the package's own templates and every upstream
+    wording (``errors/upstream/*.json``, each mapped to its entry) compete on literal text, so an
+    exact upstream wording (``block_table must have contiguous last dimension``) wins over a broad
+    package template (``{name} must have contiguous last dimension``). At equal specificity the
+    pasted exception type decides, then the package's own template."""
+    by_id = {e["id"]: e for e in catalog["errors"]}
+    scored = [(literal_length(e), e["exception"]["type"] == exception_type, 1, e)
+              for e in match(message, catalog=catalog)]
+    for found in upstream.match(message, upstream_dir or upstream.UPSTREAM_DIR):
+        entry = by_id.get(found["entry"])
+        if entry is not None:
+            scored.append((upstream.literal_length(found["template"]), found["exception"] == exception_type, 0, entry))
+    scored.sort(key=lambda s: (s[3]["status"] == "removed", -s[0], not s[1], -s[2]))
+    seen, ordered = set(), []
+    for *_, entry in scored:
+        if entry["id"] not in seen:
+            seen.add(entry["id"])
+            ordered.append(entry)
+    return ordered
 
 
 def raise_location(exc: BaseException, root: Path = ROOT) -> Optional[tuple[str, int]]:
@@ -299,11 +322,9 @@ def lookup(query: Union[str, BaseException], catalog: Optional[dict] = None) -> 
         except KeyError:
             pass
     for message in said.messages:
-        found = match(message, catalog=catalog)
-        # the pasted type first; then any type (sglang asserts some of these messages, FA3 raises RuntimeError)
-        typed = [e for e in found if e["exception"]["type"] == said.exception_type]
+        found = match_pasted(message, said.exception_type, catalog)
         if found:
-            return (typed or found)[0]
+            return found[0]
     return None
 
 
@@ -334,6 +355,9 @@ def render_markdown(entry: dict, catalog: dict) -> str:
     """One entry as a markdown page: the same sections, in the same order, as the docs site."""
     message, when, examples = entry["message"], entry["when_it_happens"], entry["examples"]
     lines = [f"# {entry['slug']}: {entry['summary']}", ""]
+    if entry["status"] == "upstream_only":
+        lines += ["> **Note:** attn-ref never raises this error; upstream does (see \"Also raised upstream as\"). "
+                  "The examples show the same computation done with attn-ref.", ""]
     if entry["status"] == "removed":
         lines += [f"> **Note:** this error is no longer raised. {entry.get('removed_note', '')}".rstrip(), ""]
     link = reader_docs_url(entry, catalog)
@@ -368,6 +392,8 @@ def render_markdown(entry: dict, catalog: dict) -> str:
         lines += ["Setup:", "", _code_block(examples["setup"]), ""]
     for key, title in (("trigger", "Triggers the error"), ("fixed", "Fixed"), ("guard", "Guard"),
                        ("predicate", "Predicate (True when the error would be raised)"), ("recovery", "Recovery")):
+        if key not in examples:  # an upstream-only entry has only fixed and predicate
+            continue
         lines += [f"{title}:", "", _code_block(examples[key]["code"]), ""]
         if key == "predicate":
             predicate = examples["predicate"]
@@ -383,6 +409,7 @@ def render_markdown(entry: dict, catalog: dict) -> str:
                                            f" ({up['unpinned']})" if up.get("unpinned") else "")
         lines += ["## Upstream", "", f"Shared with {where}: `{up['path']}`, `{up['function']}`. "
                   f"{up.get('note', '')}".rstrip(), ""]
+    lines += upstream.render_markdown_section(entry)
     if entry.get("related"):
         lines += ["## Related errors", ""]
         by_id = {e["id"]: e for e in catalog["errors"]}

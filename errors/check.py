@@ -9,6 +9,8 @@ Rules (each problem is reported with the rule's name):
   external alias ids are unique; every ``related`` id exists and is not the entry itself.
 * ``upstream``: every ``upstream`` note says what it was checked against: ``commit`` (40 hex digits),
   or, where the upstream version has no commit that can be named, ``unpinned`` saying so; not both.
+* ``upstream-messages``: every message of ``errors/upstream/*.json`` names the commit it was read at
+  and maps to an entry the catalog has (:func:`errors.upstream.problems`).
 * ``coverage``: the AST scan of ``attn_ref/`` and ``kernels/`` and the active entries map one to one.
 * ``derived``: path, lines, function, excerpt and message (template, placeholders, regex) equal what
   the code says now (``python -m errors sync`` fixes this).
@@ -31,6 +33,8 @@ from typing import Optional
 from . import catalog as cat
 from .examples import example_problems, skip_reason
 from .sync import describe_site, scan_package, sync
+from .upstream import UPSTREAM_DIR
+from .upstream import problems as upstream_message_problems
 
 
 @dataclass
@@ -144,8 +148,10 @@ def git_text(root: Path, revision: str, path: Path) -> str:
 
 
 def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_examples: bool = True,
-          base: Optional[str] = "HEAD") -> Report:
-    """Run every rule; ``run_examples=False`` skips executing examples, ``base=None`` the git rule."""
+          base: Optional[str] = "HEAD", upstream_dir: Optional[Path] = None) -> Report:
+    """Run every rule; ``run_examples=False`` skips executing examples, ``base=None`` the git rule.
+
+    ``upstream_dir`` holds the upstream messages (default: ``upstream/`` beside the catalog file)."""
     started = time.perf_counter()
     report = Report()
     root, catalog_path = Path(root), Path(catalog_path)
@@ -166,6 +172,10 @@ def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_exam
         report.add("ids", where, message)
     for where, message in upstream_problems(catalog):
         report.add("upstream", where, message)
+
+    upstream_dir = upstream_dir if upstream_dir is not None else catalog_path.with_name(UPSTREAM_DIR.name)
+    for where, message in upstream_message_problems(catalog, upstream_dir):
+        report.add("upstream-messages", where, message)
 
     sites = scan_package(root)
     result = sync(catalog, sites, root)
@@ -214,6 +224,7 @@ def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_exam
         "active": sum(e["status"] == "active" for e in catalog["errors"]),
         "removed": sum(e["status"] == "removed" for e in catalog["errors"]),
         "raise_sites": len(sites),
+        "upstream_only": sum(e["status"] == "upstream_only" for e in catalog["errors"]),
         "shared_with_sglang": sum(bool(e.get("upstream")) for e in catalog["errors"]),
     }
     report.seconds = time.perf_counter() - started

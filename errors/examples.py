@@ -13,6 +13,11 @@ Every example is ``examples.setup`` followed by the example's ``code``, executed
 * ``predicate``: after its ``code`` runs, every expression of ``true_cases`` must evaluate to
   ``True`` and every one of ``false_cases`` to ``False`` (real bools).
 
+An upstream-only entry (``status: upstream_only``: a condition only upstream raises) has no trigger,
+guard or recovery: its ``fixed`` example (the same computation done with this package) must run
+without an exception, and its ``predicate`` (True exactly when upstream raises) must give the
+recorded answer on every case.
+
 An entry whose ``examples.requires`` names ``"cuda"`` is skipped, not passed, without a CUDA device.
 Without one, Triton kernels in examples run through Triton's interpreter: ``TRITON_INTERPRET=1`` is
 set (as ``tests/conftest.py`` does) before the first example runs, unless it is set already.
@@ -126,6 +131,12 @@ def watch_raise(entry: dict, root: Path = cat.ROOT):
 
 def clean_problems(entry: dict, kind: str, root: Path = cat.ROOT) -> list[str]:
     """What is wrong with a fixed, guard or recovery example (empty when it runs cleanly)."""
+    if entry["source"] is None:  # an upstream-only entry: nothing of the package raises it
+        try:
+            _run(entry, kind, entry["examples"][kind]["code"])
+        except Exception as exc:
+            return [f"{kind}: raised {type(exc).__name__}: {exc}"]
+        return []
     with watch_raise(entry, root) as hits:
         try:
             _run(entry, kind, entry["examples"][kind]["code"])
@@ -159,6 +170,8 @@ def predicate_problems(entry: dict) -> list[str]:
 
 def example_problems(entry: dict, catalog: dict, root: Path = cat.ROOT) -> list[str]:
     """Every problem with the entry's examples (removed entries: only that they still compile)."""
+    if entry["status"] == "upstream_only":
+        return [*clean_problems(entry, "fixed", root), *predicate_problems(entry)]
     if entry["status"] != "active":
         return _compile_problems(entry)
     return [

@@ -11,6 +11,8 @@ A paste is one of, in the order tried:
   continue over the next lines, so every prefix of those lines (up to the notes) is a candidate,
   longest first;
 * ``ValueError('<message>')`` (a repr): its type and message;
+* PyTorch's C++ context after a message (``Exception raised from mha_fwd at ...`` and ``frame #N``
+  lines, or the same run into one line): the message before it;
 * anything else: the whole text is the message.
 
 Nothing here knows the catalog: :func:`read` returns what the text says, and
@@ -28,6 +30,8 @@ from typing import Optional
 NOTE_PREFIX = "attn-ref error "
 #: Longest paste read (characters); the end of a traceback is what counts, so the start is dropped.
 MAX_CHARS = 200_000
+#: Where PyTorch's C++ context starts after a message (``Exception raised from <fn> at <file>:<line> ...``).
+CPP_CONTEXT = "Exception raised from "
 #: Lines after an exception line that may still belong to its message.
 MAX_MESSAGE_LINES = 20
 #: Longest candidate message (characters): catalogued messages are far shorter, and matching the
@@ -90,7 +94,11 @@ def _messages(line: re.Match, following: list[str]) -> list[str]:
         rest.append(extra[len(indent):] if indent and extra.startswith(indent) else extra)
     while rest and not rest[-1].strip():
         rest.pop()
-    return ["\n".join([first, *rest[:n]]) for n in range(len(rest), -1, -1)]
+    found = ["\n".join([first, *rest[:n]]) for n in range(len(rest), -1, -1)]
+    # PyTorch's C++ context ("Exception raised from mha_fwd at .../flash_api.cpp:N ..."), also when
+    # the paste lost its line breaks: the message is what comes before it.
+    cut = [m.split(CPP_CONTEXT, 1)[0].rstrip() for m in found if CPP_CONTEXT in m]
+    return found + [m for m in cut if m not in found]
 
 
 def _literal_str(source: str) -> Optional[str]:

@@ -32,7 +32,10 @@ becomes a back-reference), anchored ``\\A...\\Z`` with DOTALL. A placeholder is 
 is evident from the code: a ``:d`` spec or an ``int`` annotation or ``len()`` -> an integer, a
 ``torch.dtype`` annotation or a ``.dtype`` attribute -> ``torch.<name>``, ``tuple(...)`` -> a
 parenthesised tuple, ``type(x).__name__`` -> an identifier. Narrowing keeps the regexes of generic
-helper messages (``{name} must have dtype {dtype}``) from matching specific ones.
+helper messages (``{name} must have dtype {dtype}``) from matching specific ones. A parameter of a
+private helper for which every call of its module passes a string literal matches only those literals
+(:func:`literal_arguments`): ``{name} must have contiguous last dimension`` is about ``k_cache``,
+``v_cache``, ``qv`` and ``out``, not ``block_table``.
 """
 
 from __future__ import annotations
@@ -176,8 +179,11 @@ def placeholder_name(expr: ast.expr) -> str:
     return f"{slug[:MAX_NAME - 7].rstrip('_')}_{digest}"
 
 
-def _narrow(expr: ast.expr, spec: Optional[str], conversion: Optional[str], annotations: dict) -> str:
+def _narrow(expr: ast.expr, spec: Optional[str], conversion: Optional[str], annotations: dict,
+            choices: Optional[dict] = None) -> str:
     """The tightest pattern that the code makes evident for a rendered expression."""
+    if conversion is None and spec is None and isinstance(expr, ast.Name) and (choices or {}).get(expr.id):
+        return "(?:" + "|".join(re.escape(c).replace("\\ ", " ") for c in choices[expr.id]) + ")"
     if spec:
         if spec[-1] in "dxob":
             return _INT
@@ -206,8 +212,9 @@ def _narrow(expr: ast.expr, spec: Optional[str], conversion: Optional[str], anno
 class _MessageReader:
     """Turns the message argument of a raise into a :class:`Message`."""
 
-    def __init__(self, annotations: dict, assignments: dict, constants: dict):
+    def __init__(self, annotations: dict, assignments: dict, constants: dict, choices: Optional[dict] = None):
         self.annotations = annotations  # parameter name -> annotation source
+        self.choices = choices or {}  # parameter name -> the string literals every call passes for it
         self.assignments = assignments  # variable name -> ([line, ...] sorted, [value node, ...]) in the function
         self.constants = constants  # module-level NAME -> literal value (str, number, tuple, ...)
 
@@ -237,7 +244,7 @@ class _MessageReader:
 
     def _placeholder(self, expr: ast.expr, conversion=None, spec=None) -> Placeholder:
         return Placeholder(placeholder_name(expr), ast.unparse(expr), conversion, spec,
-                           _narrow(expr, spec, conversion, self.annotations))
+                           _narrow(expr, spec, conversion, self.annotations, self.choices))
 
     def _dynamic(self, arg: ast.expr) -> Message:
         return Message("dynamic", [self._placeholder(arg)])
@@ -353,8 +360,9 @@ def catalogued_classes(trees: dict[str, ast.Module]) -> set[str]:
 class _SiteCollector(ast.NodeVisitor):
     """Walks one module, keeping the qualified name of the enclosing function or class."""
 
-    def __init__(self, path: str, lines: list[str], types: set[str], constants: dict):
+    def __init__(self, path: str, lines: list[str], types: set[str], constants: dict, choices: Optional[dict] = None):
         self.path, self.lines, self.types, self.constants = path, lines, types, constants
+        self.choices = choices or {}  # private function name -> {parameter: literal values of every call}
         self.scope: list[ast.AST] = []
         self.sites: list[RaiseSite] = []
         self._readers: dict = {}  # id(function node) -> its _MessageReader, built once per function
@@ -373,7 +381,8 @@ class _SiteCollector(ast.NodeVisitor):
     def _reader(self, function) -> _MessageReader:
         key = id(function)
         if key not in self._readers:
-            self._readers[key] = _MessageReader(_annotations(function), _assignments(function), self.constants)
+            choices = self.choices.get(function.name, {}) if function is not None and len(self.scope) == 1 else {}
+            self._readers[key] = _MessageReader(_annotations(function), _assignments(function), self.constants, choices)
         return self._readers[key]
 
     def visit_Raise(self, node: ast.Raise) -> None:
@@ -418,6 +427,42 @@ def module_constants(module: ast.Module) -> dict:
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             pass
     return found
+
+
+def literal_arguments(module: ast.Module) -> dict:
+    """``name -> {parameter: (literal, ...)}`` for the module's private top-level functions (``_name``)
+    whose every call in the module passes a string literal for that parameter.
+
+    A message such as ``f"{name} must have contiguous last dimension"`` then matches only the names the
+    code passes (``k_cache``, ``v_cache``...), not any argument of another library. A private function
+    is called only from its module (:func:`scan_files` drops one that another module imports); a call
+    with ``*args`` or ``**kwargs``, or a reference that is not a call, makes every parameter open.
+    """
+    functions = {n.name: n for n in module.body
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("_")}
+    found: dict = {name: {} for name in functions}
+    for node in ast.walk(module):
+        if isinstance(node, ast.Name) and node.id in functions and isinstance(node.ctx, ast.Load):
+            found[node.id].setdefault("<referenced>", 0)
+            found[node.id]["<referenced>"] += 1
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in functions):
+            continue
+        values = found[node.func.id]
+        values["<referenced>"] = values.get("<referenced>", 0) - 1  # this reference is a call
+        args = functions[node.func.id].args
+        params = [a.arg for a in (*args.posonlyargs, *args.args)]
+        open_call = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
+        given = dict(zip(params, node.args))
+        given.update({k.arg: k.value for k in node.keywords if k.arg})
+        for param in params:
+            arg = given.get(param)
+            literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str) and not open_call
+            if literal and values.get(param, set()) is not None:
+                values.setdefault(param, set()).add(arg.value)
+            else:
+                values[param] = None
+    return {name: {p: tuple(sorted(v)) for p, v in values.items() if p != "<referenced>" and v}
+            for name, values in found.items() if values and values.get("<referenced>", 0) == 0}
 
 
 def _annotations(function) -> dict:
@@ -510,9 +555,12 @@ def scan_files(root: Path, paths: list[Path]) -> tuple[list[RaiseSite], list[str
             continue
         sources[rel] = text.splitlines()
     types = catalogued_classes(trees)
+    imported = {alias.name for module in trees.values() for node in ast.walk(module)
+                if isinstance(node, ast.ImportFrom) for alias in node.names}
     sites = []
     for rel, module in trees.items():
-        collector = _SiteCollector(rel, sources[rel], types, module_constants(module))
+        choices = {name: params for name, params in literal_arguments(module).items() if name not in imported}
+        collector = _SiteCollector(rel, sources[rel], types, module_constants(module), choices)
         try:
             collector.visit(module)
         except RecursionError:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from docs_hooks.error_pages import entry_json  # noqa: E402
 from docs_hooks.source_includes import DIRECTIVE, definition_lines, include_lines  # noqa: E402
 from errors import catalog as cat  # noqa: E402
+from errors import upstream  # noqa: E402
 
 #: The path of the published site (``site_url``'s path): pages refer to their assets through it (404.html).
 SITE_PATH = "attn-ref"
@@ -180,8 +181,22 @@ def test_every_catalog_entry_has_a_page(site, catalog):
         assert site / entry["docs_url"].removeprefix(base).strip("/") / "index.html" == page
         assert (site / entry["api_url"].removeprefix(base).strip("/")).is_file(), entry["api_url"]
         text = page.read_text(encoding="utf-8")
-        assert "Error message" in text and "Solutions" in text and "Recovery" in text, entry["id"]
+        assert "Error message" in text and "Solutions" in text, entry["id"]
+        if entry["status"] == "upstream_only":  # fixed and predicate only; upstream's wordings listed
+            assert "Recovery" not in text and "Also raised upstream as" in text, entry["id"]
+        else:
+            assert "Recovery" in text, entry["id"]
         assert f'href="{entry["id"]}/"' in index, f"errors/index does not link {entry['id']}"
+
+
+def test_upstream_errors_page_links_every_message_to_its_entry(site):
+    text = (site / "errors" / "upstream" / "index.html").read_text(encoding="utf-8")
+    for data in upstream.load_all():
+        assert f">{data['title']}</h2>" in re.sub(r"<a [^>]*>.*?</a>", "", text), data["source"]
+        for message in data["messages"]:
+            assert f'href="../{message["entry"]}/"' in text, message["template"]
+    page = (site / "errors" / "541c547258dbac23" / "index.html").read_text(encoding="utf-8")
+    assert "Also raised upstream as" in page and "seqused_k must have dtype int32" in page
 
 
 def test_error_pages_show_the_real_output_and_sit_in_the_nav(site, catalog):
@@ -201,6 +216,8 @@ def test_error_pages_show_the_real_output_and_sit_in_the_nav(site, catalog):
 
 def test_error_pages_highlight_the_raise(site, catalog):
     for entry in catalog["errors"]:
+        if entry["source"] is None:  # upstream-only: no raise of the package to show
+            continue
         text = (site / "errors" / entry["id"] / "index.html").read_text(encoding="utf-8")
         highlighted = text.split('<span class="hll">', 1)[1].split("</span>\n", 1)[0]
         assert "raise" in highlighted, entry["id"]
@@ -392,7 +409,8 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
     page = browser.open("/")
     # Every catalog regex compiles in the browser (error-search.js leaves out those that do not).
     matchable = [e["id"] for e in catalog["errors"] if cat.literal_length(e)]
-    assert page.evaluate("async () => (await attnRefErrorSearch.load()).map(e => e.id)") == matchable
+    loaded = page.evaluate("async () => (await attnRefErrorSearch.load()).map(e => e.id)")
+    assert loaded == matchable + [m["entry"] for _, m in upstream.messages()]  # upstream's wordings too
     for exc in errors:
         for pasted in (str(exc), f"{type(exc).__name__}: {exc}"):
             # The entry `python -m errors explain` gives for the same text (a template that two raise
@@ -401,6 +419,16 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
             assert entry is not None, pasted
             href = first_search_result(browser, pasted)
             assert href.rstrip("/").endswith(f"errors/{entry['id']}"), (pasted, href)
+    # Upstream's messages, as users paste them, open the entry `explain` gives (a few forms: every
+    # message in every form is checked against errors.lookup in test_errors_upstream.py).
+    for pasted in ("RuntimeError: seqused_k must have dtype int32",
+                   "RuntimeError: q must be on CUDA\nException raised from mha_fwd at /src/hopper/flash_api.cpp:745 "
+                   "(most recent call first):\nframe #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9c",
+                   "block_table must have contiguous last dimension",
+                   "AssertionError: zigzag ring is meaningless for causal=False"):
+        entry = cat.lookup(pasted, catalog)
+        href = first_search_result(browser, pasted)
+        assert href.rstrip("/").endswith(f"errors/{entry['id']}"), (pasted, href)
     for exc in errors[:2]:  # messages of one raise site: the entry of the exception itself
         assert cat.lookup(str(exc), catalog)["id"] == cat.lookup(exc, catalog)["id"]
     # Free text still searches the pages.

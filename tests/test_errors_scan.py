@@ -121,3 +121,38 @@ def test_tree_is_not_imported_and_unparsable_files_are_reported(tmp_path):
     sites, problems = scan(tmp_path)
     assert [(s.path, s.message.template) for s in sites] == [("pkg/a.py", "a")]
     assert len(problems) == 1 and problems[0].startswith("pkg/broken.py: not scanned (SyntaxError")
+
+
+def test_private_helper_names_narrow_to_the_literals_its_calls_pass(tmp_path):
+    (site, *_) = _scan_source(tmp_path, '''
+        def _require_last_dim(name, x):
+            if x.stride(-1) != 1:
+                raise ValueError(f"{name} must have contiguous last dimension")
+
+        def check(k_cache, v_cache):
+            _require_last_dim("k_cache", k_cache)
+            _require_last_dim(name="v_cache", x=v_cache)
+        ''')
+    regex = site.message.regex
+    assert re.fullmatch(regex, "v_cache must have contiguous last dimension")
+    assert not re.fullmatch(regex, "block_table must have contiguous last dimension")
+
+
+def test_helpers_called_with_other_values_or_imported_stay_open(tmp_path):
+    (open_site,) = _scan_source(tmp_path, '''
+        def _require(name, x):
+            if x is None:
+                raise ValueError(f"{name} must be given")
+
+        def check(pairs):
+            _require("q", 1)
+            for name, x in pairs:
+                _require(name, x)
+        ''')
+    assert re.fullmatch(open_site.message.regex, "anything must be given")
+    (tmp_path / "mod.py").unlink()
+    (tmp_path / "a.py").write_text('def _req(name, x):\n    if x is None:\n        raise ValueError(f"{name} is missing")\n\n\n'
+                                   'def f(q):\n    _req("q", q)\n')
+    (tmp_path / "b.py").write_text('from a import _req\n\n\ndef g(k):\n    _req(str(k), k)\n')
+    (imported,) = [s for s in scan(tmp_path)[0] if s.path == "a.py"]
+    assert re.fullmatch(imported.message.regex, "k is missing")

@@ -153,7 +153,7 @@ def test_single_rank_schemes_equal_local_attention(causal):
 @pytest.mark.parametrize("kwargs, exc, message", [
     (dict(num_heads=4.0, head_size=D), TypeError, "num_heads must be an int, got float"),
     (dict(num_heads=0, head_size=D), ValueError, "num_heads must be >= 1, got 0"),
-    (dict(num_heads=4, head_size=D, num_kv_heads=3), ValueError, "num_heads (4) must be divisible by num_kv_heads (3)"),
+    (dict(num_heads=4, head_size=D, num_kv_heads=3), ValueError, "Query heads (4) must be divisible by KV heads (3)."),
     (dict(num_heads=4, head_size=D, softmax_scale=-1.0), ValueError,
      "softmax_scale must be a finite number > 0 or None, got -1.0"),
     (dict(num_heads=4, head_size=D, softmax_scale="1"), TypeError, "softmax_scale must be a float or None, got str"),
@@ -168,7 +168,7 @@ def test_ulysses_constructor_errors(kwargs, exc, message):
 
 
 def test_usp_constructor_checks_heads():
-    with pytest.raises(ValueError, match=re.escape("num_heads (6) must be divisible by num_kv_heads (4)")):
+    with pytest.raises(ValueError, match=re.escape("Query heads (6) must be divisible by KV heads (4).")):
         sp.USPAttention(6, D, 4)
 
 

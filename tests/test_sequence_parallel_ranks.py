@@ -334,7 +334,7 @@ def error_cases(world: int) -> list[ErrorCase]:
             ErrorCase("ulysses-under-ring", NotImplementedError, NOT_RING_AWARE,
                       lambda api, g: api.UlyssesAttention(4, HEAD_DIM, groups=g(2, 2))),
             ErrorCase("usp-heads-not-divisible", ValueError,
-                      r"num_kv_heads \(1\) must be divisible by the Ulysses degree \(2\)",
+                      r"h_global \(1\) must be divisible by world_size \(2\)",
                       lambda api, g: api.USPAttention(4, HEAD_DIM, 1, groups=g(2, 2))(*_qkv(4, 1))),
         ]
     else:

@@ -62,10 +62,7 @@ def check_head_config(num_heads: object, head_size: object, num_kv_heads: object
     check_positive_int("head_size", head_size)
     check_positive_int("num_kv_heads", num_kv_heads)
     if num_heads % num_kv_heads:
-        raise ValueError(
-            f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads}): "
-            "each KV head serves num_heads / num_kv_heads query heads"
-        )
+        raise ValueError(f"Query heads ({num_heads}) must be divisible by KV heads ({num_kv_heads}).")
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
             raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")

@@ -43,7 +43,6 @@ from ..error_notes import catalogued
 from .agreement import describe, run_checks_on_every_rank
 from .checks import (
     check_4d,
-    check_kv_heads_split,
     check_kv_lengths,
     check_no_attn_mask,
     check_no_dropout,
@@ -192,12 +191,12 @@ class USPAttention(SequenceParallelAttention):
         u_degree = self.groups.ulysses_degree
         if u_degree > 1:  # usp.py's all-to-all returns its input on one rank, before its asserts
             check_usp_heads_split(q.shape[2], u_degree)
+            check_usp_heads_split(k.shape[2], u_degree)  # k's all-to-all asserts the same on its heads
         self._check_inputs(q, k, v, kv_extra_rows=num_replicated_kv_prefix)
         if num_replicated_prefix:
             check_replicated_fits("num_replicated_prefix", num_replicated_prefix, q.shape[1])
         if num_replicated_suffix:
             check_replicated_fits("num_replicated_suffix", num_replicated_suffix, q.shape[1])
-        check_kv_heads_split(self.num_kv_heads, u_degree, "Ulysses degree")
         if self.zigzag:
             q_rep_rows = num_replicated_prefix + num_replicated_suffix
             check_zigzag_rows(u_degree * (q.shape[1] - q_rep_rows), "ulysses_degree x sharded rows per rank")

@@ -2,16 +2,20 @@
 //
 // The site search (Material's lunr index) ranks pages by words, so a message with its numbers filled
 // in ("cache_seqlens (8) + new tokens (1) ...") finds its page late or not at all. This script reads
-// the catalog's message regexes from api/errors/index.json and, as `errors.lookup` does, matches the
-// query against them in full: the whole query, each of its lines, and each line without a
-// "ValueError: " style prefix. The best match (active before removed, then the template with the
-// most literal text) is put at the top of the search results, above the free-text results.
+// the catalog's message regexes from api/errors/index.json, and those of upstream's messages (sglang,
+// FlashAttention, ring-flash-attention, yunchang; each row names its entry), and, as `errors.lookup`
+// does, matches the query against them in full: the whole query, each of its lines, and each line
+// without a "ValueError: " style prefix. The best match (removed last, then the template with the
+// most literal text, then the pasted exception type) is put at the top of the search results, above
+// the free-text results.
 (function () {
   "use strict";
 
   const config = JSON.parse(document.getElementById("__config").textContent);
   const base = new URL(config.base.endsWith("/") ? config.base : config.base + "/", location.href);
   const TYPE_PREFIX = /^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception|Warning)):\s?/;
+  const TYPE_ANYWHERE = /(?:[\w.]+\.)?\w+(?:Error|Exception|Warning):\s?/g;
+  const CPP_CONTEXT = /\s*Exception raised from /;
   let entries = null;
 
   // Python's regex dialect (the catalog's) -> JavaScript's: (?s) is the "s" flag, \A and \Z anchor,
@@ -35,25 +39,36 @@
     if (entries === null) {
       entries = fetch(new URL("api/errors/index.json", base))
         .then((response) => response.json())
-        .then((index) => index.errors
-          .filter((e) => e.template && literalLength(e.template) > 0)
-          .map((e) => ({...e, pattern: jsRegex(e.regex), literal: literalLength(e.template)}))
-          .filter((e) => e.pattern !== null))
+        .then((index) => {
+          const own = index.errors.filter((e) => e.template && literalLength(e.template) > 0);
+          const byId = Object.fromEntries(index.errors.map((e) => [e.id, e]));
+          // An upstream wording matches as its entry (its own type: RuntimeError, AssertionError...).
+          const upstream = (index.upstream || []).filter((u) => byId[u.entry])
+            .map((u) => ({...byId[u.entry], type: u.type, template: u.template, regex: u.regex}));
+          return [...own, ...upstream]
+            .map((e) => ({...e, pattern: jsRegex(e.regex), literal: literalLength(e.template)}))
+            .filter((e) => e.pattern !== null);
+        })
         .catch(() => []);
     }
     return entries;
   }
 
-  // The messages a query may hold: itself, its lines, and each without an exception-type prefix.
+  // The messages a query may hold: itself, its lines, and each without an exception-type prefix. The
+  // search box is one line (a pasted traceback arrives with its line breaks removed), so the text
+  // after each "SomeError: " and before PyTorch's "Exception raised from ..." context counts too.
   function candidates(query) {
     const texts = [query.trim(), ...query.split(/\r?\n/).map((line) => line.trim())].filter(Boolean);
-    return [...new Set(texts.flatMap((text) => [text, text.replace(TYPE_PREFIX, "")]))];
+    const tails = texts.flatMap((text) => [...text.matchAll(TYPE_ANYWHERE)]
+      .map((m) => text.slice(m.index + m[0].length)));
+    return [...new Set([...texts, ...tails].flatMap((text) => [text, text.replace(TYPE_PREFIX, "")])
+      .map((text) => text.split(CPP_CONTEXT)[0].trim()).filter(Boolean))];
   }
 
   function best(all, query) {
     const typed = (query.trim().split(/\r?\n/).map((l) => l.match(TYPE_PREFIX)).filter(Boolean).pop() || [])[1];
     const found = all.filter((e) => candidates(query).some((text) => e.pattern.test(text)));
-    const rank = (e) => [e.status !== "active", typed !== undefined && e.type !== typed, -e.literal];
+    const rank = (e) => [e.status === "removed", -e.literal, typed !== undefined && e.type !== typed];
     found.sort((a, b) => {
       const [x, y] = [rank(a), rank(b)];
       for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return x[i] < y[i] ? -1 : 1;

@@ -28,11 +28,11 @@ from typing import Optional
 
 import torch
 
+from .call import KVCacheCall
 from .masks import visible_keys
 from .paged import gather_cache
 from .rotary import apply_rotary
 from .splits import split_bounds
-from .validation import KVCacheCall
 
 #: Upper bound on the elements of one score tensor ``(h, rows, keys)`` (fp32: 256 MiB).
 MAX_SCORE_ELEMENTS = 1 << 26
@@ -41,11 +41,12 @@ MAX_SCORE_ELEMENTS = 1 << 26
 def _split_states(call: KVCacheCall, i: int, n_splits: int):
     """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split: what
     the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute together."""
-    sk = call.seqlens_k[i]
+    batch = call.batch_host  # the per-batch values as Python ints
+    sk = batch.seqlens_k[i]
     q, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
-    positions = torch.arange(call.leftpads[i], call.leftpads[i] + sk)
-    k = gather_cache(call.k_cache, call.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, d)
-    v = gather_cache(call.v_cache, call.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, dv)
+    positions = torch.arange(batch.leftpads[i], batch.leftpads[i] + sk)
+    k = gather_cache(call.k_cache, batch.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, d)
+    v = gather_cache(call.v_cache, batch.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, dv)
     if call.is_fp8:
         q, k, v = _dequantize(call, i, q, k, v)
     states = []
@@ -63,11 +64,12 @@ def _split_states(call: KVCacheCall, i: int, n_splits: int):
 def _load_q(call: KVCacheCall, i: int):
     """``(q, qv)`` of batch entry ``i``: q ``(sq, h, d)`` fp32, rotated at ``P0 + row`` (or at ``P0`` for
     every row when the call is neither causal nor local), and qv ``(sq, h, dv)`` or None."""
-    sq, start = call.seqlens_q[i], call.q_starts[i]
+    batch = call.batch_host  # the per-batch values as Python ints
+    sq, start = batch.seqlens_q[i], batch.q_starts[i]
     q = _rows(call.q, i, sq, start).float()
     qv = _rows(call.qv, i, sq, start) if call.qv is not None else None
     if call.rotary_dim and not call.only_qv:
-        p0 = call.rotary_starts[i]
+        p0 = batch.rotary_starts[i]
         positions = torch.full((sq,), p0) if call.rotary_q_fixed_position else torch.arange(p0, p0 + sq)
         q = apply_rotary(q, call.rotary_cos, call.rotary_sin, positions.to(q.device), call.rotary_interleaved)
     return q, qv

@@ -19,8 +19,9 @@ from errors.notes import catalogued
 
 from .append import append_kv
 from .attention import _split_states, _store_state
+from .call import KVCacheCall
 from .merge import merge_attention_states
-from .validation import KVCacheCall, check_kvcache_args
+from .validation import check_kvcache_args
 
 
 @catalogued
@@ -136,6 +137,7 @@ def flash_attn_with_kvcache(
 
 def attend(call: KVCacheCall):
     """Attention for every batch entry; returns ``(out, lse, out_accum, lse_accum)`` (see above)."""
+    batch = call.batch_host  # the per-batch values as Python ints
     h, dv, device = call.num_heads, call.head_dim_v, call.v_cache.device
     n_splits = max(call.num_splits, 1)  # the reference's heuristic: one split
     total_q = call.total_q
@@ -146,8 +148,8 @@ def attend(call: KVCacheCall):
     lse_accum = torch.full((n_splits, h, total_q), float("-inf"), device=device) if n_splits > 1 else None
     row = 0
     for i in range(call.batch_size):
-        rows = slice(row, row + call.seqlens_q[i])
-        row += call.seqlens_q[i]
+        rows = slice(row, row + batch.seqlens_q[i])
+        row += batch.seqlens_q[i]
         if call.empty_kv or call.num_heads == 0:
             continue
         partials = _split_states(call, i, n_splits)

@@ -49,6 +49,103 @@ from .masks import tile_key_range, visible_keys
 from .numerics import LOG2E
 
 
+def attention_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
+    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1), attention_chunk: int = 0,
+    softcap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments and shapes).
+
+    Args:
+        dout: ``[B, Sq, H, Dv]``; q: ``[B, Sq, H, D]``; k: ``[B, Sk, Hkv, D]``; v: ``[B, Sk, Hkv, Dv]``
+            (fp16/bf16/fp32, one dtype; ``D, Dv <= 256``); out: ``[B, Sq, H, Dv]``; lse: ``[B, Sq, H]``.
+        softmax_scale, causal: the forward's (bottom-right causal).
+        dlse: ``[B, Sq, H]`` gradient of the LSE, or None.
+        grad_dtype: dtype of the returned gradients; default each input's own dtype.
+        window_size, attention_chunk, softcap: the forward's sliding window ``(left, right)`` (-1:
+            unbounded), chunk size and logit softcap (0 or None: off).
+
+    Returns:
+        ``(dq, dk, dv)`` in the shapes of q, k, v.
+    """
+    q, k, v, dout, out = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, dout, out))
+    b, sq, h, _ = q.shape
+    device = q.device
+    lse_bhs = lse.float().transpose(1, 2).contiguous()  # [B, H, Sq]: one row of stats per (batch, head)
+    delta = torch.empty(b, h, sq, dtype=torch.float32, device=device)
+    plan_preprocess(out, dout, None if dlse is None else dlse.float(), delta).run()
+    dq = torch.empty(q.shape, dtype=torch.float32, device=device)
+    dk = torch.empty(k.shape, dtype=torch.float32, device=device)
+    dv = torch.empty(v.shape, dtype=torch.float32, device=device)
+    masks = dict(causal=causal, window_size=window_size, attention_chunk=attention_chunk, softcap=softcap)
+    plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, **masks).run()
+    plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, **masks).run()
+    return dq.to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype), dv.to(grad_dtype or v.dtype)
+
+
+def plan_preprocess(out, dout, dlse, delta) -> Launch:
+    """``delta [B, H, Sq] = rowsum(dout · out) - dlse`` (``dlse`` None: no LSE gradient)."""
+    b, sq, h, dv = out.shape
+    block_dv = max(16, next_power_of_2(dv))
+    block_m = max(1, min(64, 8192 // block_dv))
+    args = dict(**_pointer("out", "o", out), **_pointer("dout", "d", dout), **_pointer("dlse", "l", dlse),
+                delta_ptr=delta, seqlen_q=sq, nheads=h)
+    constexprs = dict(DV=dv, BLOCK_M=block_m, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None)
+    return Launch(_preprocess_kernel, (triton.cdiv(sq, block_m), b * h), args, constexprs,
+                  num_warps=4, num_stages=1, dummy_device=out.device)
+
+
+def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, **masks) -> Launch:
+    """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch, KV head)."""
+    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks)
+    args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes, nheads_k=k.shape[2],
+                **mask_args)
+    grid = (triton.cdiv(k.shape[1], constexprs["BLOCK_N"]), k.shape[0] * k.shape[2])
+    return Launch(_dkdv_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
+
+
+def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, **masks) -> Launch:
+    """``dq`` (fp32, shape of q) over query blocks of ``BLOCK_M``, one program per (batch, head)."""
+    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks)
+    args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2], **mask_args)
+    grid = (triton.cdiv(q.shape[1], constexprs["BLOCK_M"]), q.shape[0] * q.shape[2])
+    return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
+
+
+def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks) -> tuple[dict, dict, dict]:
+    """``(inputs, sizes, constexprs)``: the arguments the dK/dV and dQ kernels share, in their order;
+    ``masks``: the forward's ``dict(causal=, window_size=, attention_chunk=, softcap=)`` (absent: off)."""
+    d, dv = q.shape[-1], v.shape[-1]
+    block_m, block_n = _blocks(max(d, dv))
+    inputs = dict(**_pointer("q", "q", q), **_pointer("k", "k", k), **_pointer("v", "v", v),
+                  **_pointer("dout", "do", dout), lse_ptr=lse_bhs, delta_ptr=delta)
+    window_left, window_right = masks.get("window_size", (-1, -1))
+    softcap = float(masks.get("softcap") or 0.0)
+    sizes = dict(seqlen_q=q.shape[1], seqlen_k=k.shape[1], softmax_scale=float(softmax_scale),
+                 softcap=softcap if softcap > 0 else 1.0)
+    mask_args = dict(window_left=int(window_left), window_right=0 if masks.get("causal") else int(window_right),
+                     chunk=int(masks.get("attention_chunk") or 0))
+    constexprs = dict(
+        GROUP=q.shape[2] // k.shape[2], SOFTCAP=softcap > 0, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=max(16, next_power_of_2(d)), BLOCK_DV=max(16, next_power_of_2(dv)),
+        DTYPE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
+    )
+    return inputs, sizes, mask_args, constexprs
+
+
+def _blocks(head_dim: int) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)``: smaller tiles for wide heads (the dK/dV program holds four ``[N, D]`` tiles)."""
+    return (64, 64) if head_dim <= 64 else (32, 32) if head_dim <= 128 else (16, 16)
+
+
+def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
+    """``<name>_ptr`` and ``stride_<prefix>b/s/h`` of a ``[B, S, H, ...]`` tensor, as the kernels take them
+    (strides 0 for None, a tensor the kernel does not read)."""
+    strides = x.stride()[:3] if x is not None else (0, 0, 0)
+    return {f"{name}_ptr": x, **{f"stride_{prefix}{axis}": stride for axis, stride in zip("bsh", strides)}}
+
+
 @triton.jit(do_not_specialize=["seqlen_q"])
 def _preprocess_kernel(
     out_ptr, stride_ob, stride_os, stride_oh,  # [B, Sq, H, Dv]
@@ -71,83 +168,6 @@ def _preprocess_kernel(
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + b * stride_lb + offs_m * stride_ls + h * stride_lh, mask=row_mask, other=0.0)
     tl.store(delta_ptr + pid_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=row_mask)
-
-
-@triton.jit
-def _head_pointers(
-    q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh,  # [B, Sq, H, D], [B, Sk, Hkv, D]
-    v_ptr, stride_vb, stride_vh, dout_ptr, stride_dob, stride_doh,  # [B, Sk, Hkv, Dv], [B, Sq, H, Dv]
-    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
-    b, h, nheads, seqlen_q, GROUP: tl.constexpr,
-):
-    """Where query head ``h`` of batch entry ``b`` and its KV head ``h // GROUP`` start: the ``[Sq, D]``
-    view of q, ``[Sk, D]`` of k, ``[Sk, Dv]`` of v, ``[Sq, Dv]`` of dO (rows at the inputs' strides)
-    and the ``[Sq]`` rows of lse and D; both backward kernels read their tiles from these."""
-    hk = h // GROUP
-    stats = (b * nheads + h) * seqlen_q
-    return (q_ptr + b * stride_qb + h * stride_qh, k_ptr + b * stride_kb + hk * stride_kh,
-            v_ptr + b * stride_vb + hk * stride_vh, dout_ptr + b * stride_dob + h * stride_doh,
-            lse_ptr + stats, delta_ptr + stats)
-
-
-@triton.jit
-def _load_rows(ptr, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr, DTYPE: tl.constexpr):
-    """Rows ``offs`` (BLOCK, BLOCK_D) of a ``[S, D]`` view (stride ``stride_s``), 0 out of bounds."""
-    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
-    return tl.load(ptr + offs[:, None] * stride_s + offs_d[None, :], mask=mask, other=0.0).to(DTYPE)
-
-
-@triton.jit
-def _store_rows(ptr, x, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Store ``x`` (BLOCK, BLOCK_D) as rows ``offs`` of a ``[S, D]`` view (stride ``stride_s``), in bounds."""
-    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
-    tl.store(ptr + offs[:, None] * stride_s + offs_d[None, :], x, mask=mask)
-
-
-@triton.jit
-def _row_stats(lse_ptr, delta_ptr, offs_m, seqlen_q):
-    """Saved LSE (``-inf`` read as 0: its row has ``P = 0`` anyway) and ``D`` of rows ``offs_m``, (BLOCK_M,) each."""
-    row_mask = offs_m < seqlen_q
-    lse = tl.load(lse_ptr + offs_m, mask=row_mask, other=0.0)
-    lse = tl.where(lse == float("-inf"), 0.0, lse)
-    return lse, tl.load(delta_ptr + offs_m, mask=row_mask, other=0.0)
-
-
-@triton.jit
-def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
-                   window_left, window_right, chunk, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    """``P`` (BLOCK_M, BLOCK_N) fp32 of q rows ``offs_m`` over keys ``offs_n`` (0 where masked), and the
-    softcap's factor ``1 - tanh²`` of ``dS`` (same shape; ``P`` itself, unread, without SOFTCAP).
-
-    ``q`` (BLOCK_M, BLOCK_D), ``k`` (BLOCK_N, BLOCK_D), ``lse`` (BLOCK_M,) natural log. The logits are
-    the forward's in base 2, ``t = ℓ · log2 e`` (:func:`kernels.attention._logits`), so
-    ``P = exp2(t - lse · log2 e)`` and ``tanh = t / (softcap · log2 e)``.
-    """
-    t = _logits(tl.dot(q, tl.trans(k), input_precision=PRECISION), softmax_scale, softcap, SOFTCAP)
-    diag = offs_m + (seqlen_k - seqlen_q)  # (BLOCK_M,) i + Δ
-    visible = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
-    visible &= visible_keys(offs_n, diag, window_left, window_right, chunk)  # (BLOCK_M, BLOCK_N)
-    p = tl.where(visible, tl.exp2(t - lse[:, None] * LOG2E), 0.0)
-    if SOFTCAP:
-        tanh = t / (softcap * LOG2E)
-        softcap_grad = 1.0 - tanh * tanh
-    else:
-        softcap_grad = p
-    return p, softcap_grad
-
-
-@triton.jit
-def _dscores(p, do, v, delta, softcap_grad, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    """``dS = P (dP - D)`` (BLOCK_M, BLOCK_N) fp32 with ``dP = dO Vᵀ``, times ``softcap_grad`` with SOFTCAP:
-    ``p``, ``softcap_grad`` (BLOCK_M, BLOCK_N), ``do`` (BLOCK_M, BLOCK_DV), ``v`` (BLOCK_N, BLOCK_DV),
-    ``delta`` (BLOCK_M,)."""
-    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
-    ds = p * (dp - delta[:, None])
-    if SOFTCAP:
-        ds = ds * softcap_grad
-    return ds
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "window_left", "window_right", "chunk"])
@@ -238,98 +258,78 @@ def _dq_kernel(
     _store_rows(dq_ptr + b * stride_dqb + h * stride_dqh, dq * softmax_scale, offs_m, seqlen_q, stride_dqs, D, BLOCK_D)
 
 
-def _blocks(head_dim: int) -> tuple[int, int]:
-    """``(BLOCK_M, BLOCK_N)``: smaller tiles for wide heads (the dK/dV program holds four ``[N, D]`` tiles)."""
-    return (64, 64) if head_dim <= 64 else (32, 32) if head_dim <= 128 else (16, 16)
+@triton.jit
+def _head_pointers(
+    q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh,  # [B, Sq, H, D], [B, Sk, Hkv, D]
+    v_ptr, stride_vb, stride_vh, dout_ptr, stride_dob, stride_doh,  # [B, Sk, Hkv, Dv], [B, Sq, H, Dv]
+    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
+    b, h, nheads, seqlen_q, GROUP: tl.constexpr,
+):
+    """Where query head ``h`` of batch entry ``b`` and its KV head ``h // GROUP`` start: the ``[Sq, D]``
+    view of q, ``[Sk, D]`` of k, ``[Sk, Dv]`` of v, ``[Sq, Dv]`` of dO (rows at the inputs' strides)
+    and the ``[Sq]`` rows of lse and D; both backward kernels read their tiles from these."""
+    hk = h // GROUP
+    stats = (b * nheads + h) * seqlen_q
+    return (q_ptr + b * stride_qb + h * stride_qh, k_ptr + b * stride_kb + hk * stride_kh,
+            v_ptr + b * stride_vb + hk * stride_vh, dout_ptr + b * stride_dob + h * stride_doh,
+            lse_ptr + stats, delta_ptr + stats)
 
 
-def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
-    """``<name>_ptr`` and ``stride_<prefix>b/s/h`` of a ``[B, S, H, ...]`` tensor, as the kernels take them
-    (strides 0 for None, a tensor the kernel does not read)."""
-    strides = x.stride()[:3] if x is not None else (0, 0, 0)
-    return {f"{name}_ptr": x, **{f"stride_{prefix}{axis}": stride for axis, stride in zip("bsh", strides)}}
+@triton.jit
+def _load_rows(ptr, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr, DTYPE: tl.constexpr):
+    """Rows ``offs`` (BLOCK, BLOCK_D) of a ``[S, D]`` view (stride ``stride_s``), 0 out of bounds."""
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
+    return tl.load(ptr + offs[:, None] * stride_s + offs_d[None, :], mask=mask, other=0.0).to(DTYPE)
 
 
-def plan_preprocess(out, dout, dlse, delta) -> Launch:
-    """``delta [B, H, Sq] = rowsum(dout · out) - dlse`` (``dlse`` None: no LSE gradient)."""
-    b, sq, h, dv = out.shape
-    block_dv = max(16, next_power_of_2(dv))
-    block_m = max(1, min(64, 8192 // block_dv))
-    args = dict(**_pointer("out", "o", out), **_pointer("dout", "d", dout), **_pointer("dlse", "l", dlse),
-                delta_ptr=delta, seqlen_q=sq, nheads=h)
-    constexprs = dict(DV=dv, BLOCK_M=block_m, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None)
-    return Launch(_preprocess_kernel, (triton.cdiv(sq, block_m), b * h), args, constexprs,
-                  num_warps=4, num_stages=1, dummy_device=out.device)
+@triton.jit
+def _store_rows(ptr, x, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store ``x`` (BLOCK, BLOCK_D) as rows ``offs`` of a ``[S, D]`` view (stride ``stride_s``), in bounds."""
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
+    tl.store(ptr + offs[:, None] * stride_s + offs_d[None, :], x, mask=mask)
 
 
-def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks) -> tuple[dict, dict, dict]:
-    """``(inputs, sizes, constexprs)``: the arguments the dK/dV and dQ kernels share, in their order;
-    ``masks``: the forward's ``dict(causal=, window_size=, attention_chunk=, softcap=)`` (absent: off)."""
-    d, dv = q.shape[-1], v.shape[-1]
-    block_m, block_n = _blocks(max(d, dv))
-    inputs = dict(**_pointer("q", "q", q), **_pointer("k", "k", k), **_pointer("v", "v", v),
-                  **_pointer("dout", "do", dout), lse_ptr=lse_bhs, delta_ptr=delta)
-    window_left, window_right = masks.get("window_size", (-1, -1))
-    softcap = float(masks.get("softcap") or 0.0)
-    sizes = dict(seqlen_q=q.shape[1], seqlen_k=k.shape[1], softmax_scale=float(softmax_scale),
-                 softcap=softcap if softcap > 0 else 1.0)
-    mask_args = dict(window_left=int(window_left), window_right=0 if masks.get("causal") else int(window_right),
-                     chunk=int(masks.get("attention_chunk") or 0))
-    constexprs = dict(
-        GROUP=q.shape[2] // k.shape[2], SOFTCAP=softcap > 0, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=max(16, next_power_of_2(d)), BLOCK_DV=max(16, next_power_of_2(dv)),
-        DTYPE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
-    )
-    return inputs, sizes, mask_args, constexprs
+@triton.jit
+def _row_stats(lse_ptr, delta_ptr, offs_m, seqlen_q):
+    """Saved LSE (``-inf`` read as 0: its row has ``P = 0`` anyway) and ``D`` of rows ``offs_m``, (BLOCK_M,) each."""
+    row_mask = offs_m < seqlen_q
+    lse = tl.load(lse_ptr + offs_m, mask=row_mask, other=0.0)
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
+    return lse, tl.load(delta_ptr + offs_m, mask=row_mask, other=0.0)
 
 
-def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, **masks) -> Launch:
-    """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch, KV head)."""
-    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks)
-    args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes, nheads_k=k.shape[2],
-                **mask_args)
-    grid = (triton.cdiv(k.shape[1], constexprs["BLOCK_N"]), k.shape[0] * k.shape[2])
-    return Launch(_dkdv_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
+@triton.jit
+def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
+                   window_left, window_right, chunk, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """``P`` (BLOCK_M, BLOCK_N) fp32 of q rows ``offs_m`` over keys ``offs_n`` (0 where masked), and the
+    softcap's factor ``1 - tanh²`` of ``dS`` (same shape; ``P`` itself, unread, without SOFTCAP).
 
-
-def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, **masks) -> Launch:
-    """``dq`` (fp32, shape of q) over query blocks of ``BLOCK_M``, one program per (batch, head)."""
-    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks)
-    args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2], **mask_args)
-    grid = (triton.cdiv(q.shape[1], constexprs["BLOCK_M"]), q.shape[0] * q.shape[2])
-    return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
-
-
-def attention_backward(
-    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
-    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1), attention_chunk: int = 0,
-    softcap: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments and shapes).
-
-    Args:
-        dout: ``[B, Sq, H, Dv]``; q: ``[B, Sq, H, D]``; k: ``[B, Sk, Hkv, D]``; v: ``[B, Sk, Hkv, Dv]``
-            (fp16/bf16/fp32, one dtype; ``D, Dv <= 256``); out: ``[B, Sq, H, Dv]``; lse: ``[B, Sq, H]``.
-        softmax_scale, causal: the forward's (bottom-right causal).
-        dlse: ``[B, Sq, H]`` gradient of the LSE, or None.
-        grad_dtype: dtype of the returned gradients; default each input's own dtype.
-        window_size, attention_chunk, softcap: the forward's sliding window ``(left, right)`` (-1:
-            unbounded), chunk size and logit softcap (0 or None: off).
-
-    Returns:
-        ``(dq, dk, dv)`` in the shapes of q, k, v.
+    ``q`` (BLOCK_M, BLOCK_D), ``k`` (BLOCK_N, BLOCK_D), ``lse`` (BLOCK_M,) natural log. The logits are
+    the forward's in base 2, ``t = ℓ · log2 e`` (:func:`kernels.attention._logits`), so
+    ``P = exp2(t - lse · log2 e)`` and ``tanh = t / (softcap · log2 e)``.
     """
-    q, k, v, dout, out = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, dout, out))
-    b, sq, h, _ = q.shape
-    device = q.device
-    lse_bhs = lse.float().transpose(1, 2).contiguous()  # [B, H, Sq]: one row of stats per (batch, head)
-    delta = torch.empty(b, h, sq, dtype=torch.float32, device=device)
-    plan_preprocess(out, dout, None if dlse is None else dlse.float(), delta).run()
-    dq = torch.empty(q.shape, dtype=torch.float32, device=device)
-    dk = torch.empty(k.shape, dtype=torch.float32, device=device)
-    dv = torch.empty(v.shape, dtype=torch.float32, device=device)
-    masks = dict(causal=causal, window_size=window_size, attention_chunk=attention_chunk, softcap=softcap)
-    plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, **masks).run()
-    plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, **masks).run()
-    return dq.to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype), dv.to(grad_dtype or v.dtype)
+    t = _logits(tl.dot(q, tl.trans(k), input_precision=PRECISION), softmax_scale, softcap, SOFTCAP)
+    diag = offs_m + (seqlen_k - seqlen_q)  # (BLOCK_M,) i + Δ
+    visible = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
+    visible &= visible_keys(offs_n, diag, window_left, window_right, chunk)  # (BLOCK_M, BLOCK_N)
+    p = tl.where(visible, tl.exp2(t - lse[:, None] * LOG2E), 0.0)
+    if SOFTCAP:
+        tanh = t / (softcap * LOG2E)
+        softcap_grad = 1.0 - tanh * tanh
+    else:
+        softcap_grad = p
+    return p, softcap_grad
+
+
+@triton.jit
+def _dscores(p, do, v, delta, softcap_grad, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """``dS = P (dP - D)`` (BLOCK_M, BLOCK_N) fp32 with ``dP = dO Vᵀ``, times ``softcap_grad`` with SOFTCAP:
+    ``p``, ``softcap_grad`` (BLOCK_M, BLOCK_N), ``do`` (BLOCK_M, BLOCK_DV), ``v`` (BLOCK_N, BLOCK_DV),
+    ``delta`` (BLOCK_M,)."""
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * softcap_grad
+    return ds

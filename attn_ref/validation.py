@@ -43,7 +43,7 @@ checks a few arguments and returns what the later ones need:
       ``value_checks=False`` skips them all (the kernels do inside a CUDA graph capture, see
       :mod:`kernels.host_checks`); nothing then reads a device value on the host.
 
-Compatibility rule (spec section 1.7): a call FA3 accepts is accepted here with the same result, and
+Compatibility rule (the drop-in rule): a call FA3 accepts is accepted here with the same result, and
 what FA3 ignores in a configuration is ignored here too, without a check: ``rotary_seqlens`` and
 ``rotary_sin`` without ``rotary_cos``, ``v`` and ``cu_seqlens_k_new`` without ``k``, the fp8 descales
 for other dtypes. Option values get FA3's meaning: a negative window side is unbounded, a window

@@ -6,7 +6,8 @@ build their problems with; the tests import them from here.
 
 :data:`REF` and :data:`KERNELS` are the implementations a test takes as its parameter
 (:class:`Implementation`: the function, its device, its shape multiplier); :func:`over` builds the
-parameter lists; :func:`split_cases` is the table of split-KV calls, sized per implementation.
+parameter lists; :func:`split_cases` is the table of split-KV calls, sized per implementation. :func:`base` is the
+small valid call the error and layout tests change one argument of (:func:`rotary` adds rotary tables).
 """
 
 from __future__ import annotations
@@ -91,3 +92,17 @@ def over(impls: list[Implementation], *axes: dict) -> list:
             params.append(pytest.param(impl, *values, id="-".join([impl.name, *(key for key, _ in combo)]),
                                        marks=[pytest.mark.skip(reason=FP8_SKIP)] if no_fp8 else []))
     return params
+
+
+def base() -> dict:
+    """Valid call: b=2, sq=2, h=4, h_k=2, d=dv=16, capacity 8, appends 2 tokens at [3, 5)."""
+    gen = torch.Generator().manual_seed(0)
+    randn = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    return dict(
+        q=randn(2, 2, 4, 16), k_cache=randn(2, 8, 2, 16), v_cache=randn(2, 8, 2, 16),
+        k=randn(2, 2, 2, 16), v=randn(2, 2, 2, 16), cache_seqlens=torch.tensor([3, 5], dtype=torch.int32),
+    )
+
+
+def rotary(args, rows=16, dim=16):
+    return dict(args, rotary_cos=torch.ones(rows, dim // 2), rotary_sin=torch.zeros(rows, dim // 2))

@@ -134,13 +134,13 @@ def compile_all(arch: int) -> dict[str, str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from test_kernel_compile import _signature
+    from compile_launches import launch_signature
 
     results = {}
     for variant in COMPILE_VARIANTS:
         for launch in _compile_launches(*variant):
             label = f"{variant}/{launch.kernel.__name__}"
-            signature, constexprs, attrs = _signature(launch)
+            signature, constexprs, attrs = launch_signature(launch)
             try:
                 source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
                 compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),

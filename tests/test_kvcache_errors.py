@@ -14,19 +14,9 @@ import pytest
 import torch
 
 from attn_ref import flash_attn_with_kvcache
-from kvcache_cases import KERNELS, REF, over
+from kvcache_cases import KERNELS, REF, base, over, rotary
 
 I32 = torch.int32
-
-
-def base() -> dict:
-    """Valid call: b=2, sq=2, h=4, h_k=2, d=dv=16, capacity 8, appends 2 tokens at [3, 5)."""
-    gen = torch.Generator().manual_seed(0)
-    randn = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
-    return dict(
-        q=randn(2, 2, 4, 16), k_cache=randn(2, 8, 2, 16), v_cache=randn(2, 8, 2, 16),
-        k=randn(2, 2, 2, 16), v=randn(2, 2, 2, 16), cache_seqlens=torch.tensor([3, 5], dtype=I32),
-    )
 
 
 def _v_inside_k(args):
@@ -45,10 +35,6 @@ def paged(args, page_size=2, pages=(7, 1, 4, 0, 2, 6, 3, 5), extra=0):
     table = torch.tensor(pages, dtype=I32).view(2, 4)
     n = len(pages) + extra
     return dict(args, page_table=table, k_cache=torch.randn(n, page_size, 2, 16), v_cache=torch.randn(n, page_size, 2, 16))
-
-
-def rotary(args, rows=16, dim=16):
-    return dict(args, rotary_cos=torch.ones(rows, dim // 2), rotary_sin=torch.zeros(rows, dim // 2))
 
 
 def varlen(args, cu=(0, 1, 4)):

@@ -27,7 +27,7 @@ import torch
 from attn_ref import sequence_parallel as sp
 from backward_cases import dense_forward
 from rank_spawns import REFERENCE_SPAWNS, each_spawn_and, spawned_ranks
-from test_sequence_parallel_ranks import (
+from sp_cases import (
     BATCH, HEAD_DIM, N_REP, SEQ, Case, _full_inputs, _global_sequence, _my_positions, _varlen_lens,
 )
 from tolerance import assert_close_fa

@@ -25,7 +25,7 @@ import attn_ref
 from attn_ref import sequence_parallel as sp
 from attn_ref.sequence_parallel import agreement
 from attn_ref.sequence_parallel.launch import _as_rank_failure
-from test_sequence_parallel_ranks import _attention, _attention_lowp
+from sp_cases import _attention, _attention_lowp
 from tolerance import assert_close_fa, assert_lse_close
 
 D = 16

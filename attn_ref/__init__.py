@@ -12,13 +12,14 @@ against. All math runs in fp32 whatever the input dtype. Layout ``(batch, seq, h
 
 from .attention import attention_with_lse
 from .backward import attention_backward
+from .call import KVCacheCall
 from .kvcache import flash_attn_with_kvcache
 from .masks import visible_keys
 from .merge import merge_attention_states
 from .paged import cache_slots, gather_cache, paged_to_dense, scatter_cache
 from .rotary import apply_rotary
 from .splits import split_bounds
-from .validation import KVCacheCall, check_kvcache_args
+from .validation import check_kvcache_args
 
 __all__ = [
     "KVCacheCall",

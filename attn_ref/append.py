@@ -13,23 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from .call import KVCacheCall
 from .paged import scatter_cache
 from .rotary import apply_rotary
-from .validation import KVCacheCall
-
-
-def _append_kv_entry(call: KVCacheCall, i: int) -> None:
-    """Write the ``N_i`` new tokens of batch entry ``i``: ``k_new (N_i, h_k, d)``, ``v_new (N_i, h_k, dv)``."""
-    n, start = call.new_lens[i], call.new_starts[i]  # start: 0 unless k/v are packed
-    k, v = (call.k, call.v) if call.k.dim() == 3 else (call.k[i], call.v[i])  # (tokens, h_k, d / dv)
-    k_new, v_new = k[start:start + n], v[start:start + n]  # (N_i, h_k, d), (N_i, h_k, dv)
-    positions = torch.arange(call.cache_seqlens[i], call.cache_seqlens[i] + n)  # (N_i,) C_i + t
-    if call.rotary_dim:
-        ro_positions = torch.arange(call.rotary_starts[i], call.rotary_starts[i] + n)  # (N_i,) P0_i + t
-        k_new = apply_rotary(k_new, call.rotary_cos, call.rotary_sin, ro_positions.to(k_new.device),
-                             call.rotary_interleaved)  # (N_i, h_k, d) fp32
-    scatter_cache(call.k_cache, call.cache_rows[i], positions, k_new, call.page_table)
-    scatter_cache(call.v_cache, call.cache_rows[i], positions, v_new, call.page_table)
 
 
 def append_kv(call: KVCacheCall) -> None:
@@ -41,5 +27,20 @@ def append_kv(call: KVCacheCall) -> None:
     if call.k is None:
         return
     for i in range(call.batch_size):
-        if call.new_lens[i]:
+        if call.batch_host.new_lens[i]:
             _append_kv_entry(call, i)
+
+
+def _append_kv_entry(call: KVCacheCall, i: int) -> None:
+    """Write the ``N_i`` new tokens of batch entry ``i``: ``k_new (N_i, h_k, d)``, ``v_new (N_i, h_k, dv)``."""
+    batch = call.batch_host  # the per-batch values as Python ints
+    n, start = batch.new_lens[i], batch.new_starts[i]  # start: 0 unless k/v are packed
+    k, v = (call.k, call.v) if call.k.dim() == 3 else (call.k[i], call.v[i])  # (tokens, h_k, d / dv)
+    k_new, v_new = k[start:start + n], v[start:start + n]  # (N_i, h_k, d), (N_i, h_k, dv)
+    positions = torch.arange(batch.cache_seqlens[i], batch.cache_seqlens[i] + n)  # (N_i,) C_i + t
+    if call.rotary_dim:
+        ro_positions = torch.arange(batch.rotary_starts[i], batch.rotary_starts[i] + n)  # (N_i,) P0_i + t
+        k_new = apply_rotary(k_new, call.rotary_cos, call.rotary_sin, ro_positions.to(k_new.device),
+                             call.rotary_interleaved)  # (N_i, h_k, d) fp32
+    scatter_cache(call.k_cache, batch.cache_rows[i], positions, k_new, call.page_table)
+    scatter_cache(call.v_cache, batch.cache_rows[i], positions, v_new, call.page_table)

@@ -14,6 +14,12 @@ All of it in fp32 whatever the input dtype. A row with no visible key (and no si
 
 Memory stays bounded: rows are processed in chunks so that a chunk's score tensor has at most
 :data:`MAX_SCORE_ELEMENTS` entries (a 32k-token prefill never materialises 32k x 32k scores).
+
+The file holds the loop body of :func:`attn_ref.kvcache.attend` in the order of its twin,
+:mod:`kernels.attention`: :func:`_split_states` (one batch entry: :func:`_load_q`, the keys,
+:func:`_dequantize`, then :func:`attention_with_lse` per KV split, with its pieces :func:`_scores`,
+:func:`_logits` and :func:`_softmax_state`), and :func:`_store_state`, which writes a state into the
+call's results.
 """
 
 from __future__ import annotations
@@ -22,10 +28,68 @@ from typing import Optional
 
 import torch
 
+from .call import KVCacheCall
 from .masks import visible_keys
+from .paged import gather_cache
+from .rotary import apply_rotary
+from .splits import split_bounds
 
 #: Upper bound on the elements of one score tensor ``(h, rows, keys)`` (fp32: 256 MiB).
 MAX_SCORE_ELEMENTS = 1 << 26
+
+
+def _split_states(call: KVCacheCall, i: int, n_splits: int):
+    """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split: what
+    the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute together."""
+    batch = call.batch_host  # the per-batch values as Python ints
+    sk = batch.seqlens_k[i]
+    q, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
+    positions = torch.arange(batch.leftpads[i], batch.leftpads[i] + sk)
+    k = gather_cache(call.k_cache, batch.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, d)
+    v = gather_cache(call.v_cache, batch.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, dv)
+    if call.is_fp8:
+        q, k, v = _dequantize(call, i, q, k, v)
+    states = []
+    for s, (k0, k1) in enumerate(split_bounds(sk, n_splits)):
+        o, lse = attention_with_lse(
+            q, k[k0:k1], v[k0:k1], call.softmax_scale, call.causal, call.window_size,
+            call.attention_chunk, call.softcap, qv, call.only_qv,
+            call.sinks if s == 0 else None,  # the sink is counted once: in split 0
+            key_offset=k0, seqlen_k=sk,
+        )
+        states.append((o, lse.T))
+    return states
+
+
+def _load_q(call: KVCacheCall, i: int):
+    """``(q, qv)`` of batch entry ``i``: q ``(sq, h, d)`` fp32, rotated at ``P0 + row`` (or at ``P0`` for
+    every row when the call is neither causal nor local), and qv ``(sq, h, dv)`` or None."""
+    batch = call.batch_host  # the per-batch values as Python ints
+    sq, start = batch.seqlens_q[i], batch.q_starts[i]
+    q = _rows(call.q, i, sq, start).float()
+    qv = _rows(call.qv, i, sq, start) if call.qv is not None else None
+    if call.rotary_dim and not call.only_qv:
+        p0 = batch.rotary_starts[i]
+        positions = torch.full((sq,), p0) if call.rotary_q_fixed_position else torch.arange(p0, p0 + sq)
+        q = apply_rotary(q, call.rotary_cos, call.rotary_sin, positions.to(q.device), call.rotary_interleaved)
+    return q, qv
+
+
+def _rows(x: torch.Tensor, i: int, n: int, start: int) -> torch.Tensor:
+    """Tokens of batch entry ``i``: ``x[i, :n]`` (batched layout) or ``x[start:start + n]`` (packed)."""
+    return x[start:start + n] if x.dim() == 3 else x[i, :n]
+
+
+def _dequantize(call: KVCacheCall, i: int, q, k, v):
+    """fp8 inputs: ``x * x_descale[i, g]`` per KV head ``g`` (q's factor repeated over its query heads)."""
+    group = call.num_heads // call.num_heads_k
+
+    def scaled(x, descale, repeat):
+        if descale is None:
+            return x
+        return x * descale[i].float().repeat_interleave(repeat)[None, :, None]
+
+    return scaled(q, call.q_descale, group), scaled(k, call.k_descale, 1), scaled(v, call.v_descale, 1)
 
 
 def attention_with_lse(
@@ -134,3 +198,9 @@ def _softmax_state(
     inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
     out = torch.einsum("kgrn,nkd->rkgd", p.mul_(inv[..., None]), v)
     return out, m + torch.log(denom)
+
+
+def _store_state(state, rows: slice, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Write ``state = (out (sq, h, dv), lse (sq, h))`` of one batch entry into its ``rows`` of the
+    rows-first results ``out (total_q, h, dv)`` and ``lse (h, total_q)``."""
+    out[rows], lse[:, rows] = state[0], state[1].T

@@ -22,8 +22,13 @@ block to ``dQ``, and that block's own ``dK``/``dV``, can be computed on their ow
 backward is exact, not an approximation. The one row-level quantity is ``D_i``, which needs only the
 final ``out_i`` and ``dO_i``.
 
-``causal`` is bottom-right aligned as in the forward: row ``i`` sees keys ``j <= i + Sk - Sq``. A row
-that sees no key (``lse = -inf``) has ``P = 0`` and gets zero gradients.
+**Masks and softcap**, with the forward's names and meaning (:mod:`attn_ref.masks`, bottom-right
+aligned): ``causal`` (row ``i`` sees keys ``j <= i + Sk - Sq``), ``window_size = (left, right)`` and
+``attention_chunk``; a masked key has ``P = 0``, so it gets no gradient. A row that sees no key
+(``lse = -inf``) has ``P = 0`` and gets zero gradients. With ``softcap > 0`` the logit is
+``ℓ_ij = softcap · tanh(scale · s_ij / softcap)`` (``s_ij = q_i·k_j``), whose derivative is
+``scale · (1 - tanh²)``: ``dS`` is multiplied by ``1 - (ℓ_ij / softcap)²`` before it enters ``dQ`` and
+``dK``.
 
 The arithmetic is fp32 for fp16/bf16/fp32 inputs (float64 for float64 inputs, so that
 ``torch.autograd.gradcheck`` can check it), with bounded memory: query rows are processed in chunks
@@ -41,14 +46,15 @@ from typing import Iterator, Optional
 
 import torch
 
-from .attention import MAX_SCORE_ELEMENTS
+from .attention import MAX_SCORE_ELEMENTS, _logits
 from .masks import visible_keys
 
 
 def attention_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
-    grad_dtype: Optional[torch.dtype] = None,
+    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1), attention_chunk: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of q, k, v for attention of ``q`` over all of ``k``/``v`` (see the module docstring).
 
@@ -60,6 +66,9 @@ def attention_backward(
         causal: bottom-right aligned causal mask (row ``i`` sees keys ``j <= i + Sk - Sq``).
         dlse: ``[B, Sq, H]`` gradient of the LSE, or None (no gradient flows into it).
         grad_dtype: dtype of the returned gradients; default each input's own dtype.
+        window_size: the forward's ``(left, right)`` sliding window; a side of -1 is unbounded.
+        attention_chunk: the forward's chunk size (0 or None: off).
+        softcap: the forward's logit softcap (0 or None: off).
 
     Returns:
         ``(dq [B, Sq, H, D], dk [B, Sk, Hkv, D], dv [B, Sk, Hkv, Dv])``.
@@ -73,8 +82,9 @@ def attention_backward(
     q_w, dout_w, lse_w = by_kv_head(q), by_kv_head(dout), by_kv_head(lse)
     delta = _preprocess(by_kv_head(out), dout_w, None if dlse is None else by_kv_head(dlse))
     k_w, v_w = k.to(work), v.to(work)
-    dk, dv = _dkdv(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, causal)
-    dq = _dq(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, causal)
+    masks = dict(causal=causal, window_size=tuple(window_size), attention_chunk=attention_chunk or 0)
+    dk, dv = _dkdv(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, softcap or 0.0, masks)
+    dq = _dq(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, softcap or 0.0, masks)
     return dq.flatten(2, 3).to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype), dv.to(grad_dtype or v.dtype)
 
 
@@ -90,26 +100,28 @@ def _preprocess(out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tens
     return delta
 
 
-def _dkdv(q, k, v, dout, lse, delta, softmax_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _dkdv(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float,
+          masks: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """``dK [B, Sk, Hkv, D]`` and ``dV [B, Sk, Hkv, Dv]`` of every key, over all query rows.
 
     ``dV_j = Σ_i P_ij dO_i`` and ``dK_j = scale · Σ_i dS_ij q_i``, the sums running over the rows and
     over the ``G`` query heads of each KV head (GQA). ``q [B, Sq, Hkv, G, D]``, ``k [B, Sk, Hkv, D]``,
-    ``v [B, Sk, Hkv, Dv]``, ``dout [B, Sq, Hkv, G, Dv]``, ``lse``, ``delta`` ``[B, Sq, Hkv, G]``; the
+    ``v [B, Sk, Hkv, Dv]``, ``dout [B, Sq, Hkv, G, Dv]``, ``lse``, ``delta`` ``[B, Sq, Hkv, G]``;
+    ``masks``: ``dict(causal=, window_size=, attention_chunk=)`` for :func:`~attn_ref.masks.visible_keys`. The
     rows are taken in chunks (:func:`_row_chunks`), as the kernel takes them in blocks of ``BLOCK_M``.
     """
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     for r0, r1 in _row_chunks(q, k):
         q_r, do_r = q[:, r0:r1], dout[:, r0:r1]  # [B, rows, Hkv, G, D], [B, rows, Hkv, G, Dv]
         lse_r, delta_r = _row_stats(lse, delta, r0, r1)
-        p = _probabilities(q_r, k, lse_r, r0, q.shape[1], softmax_scale, causal)  # [B, Hkv, G, rows, Sk]
+        p, softcap_grad = _probabilities(q_r, k, lse_r, r0, q.shape[1], softmax_scale, softcap, masks)
         dv += torch.einsum("bkgrn,brkgd->bnkd", p, do_r)  # dV = Pᵀ dO, summed over G
-        ds = _dscores(p, do_r, v, delta_r)
+        ds = _dscores(p, do_r, v, delta_r, softcap_grad)
         dk += torch.einsum("bkgrn,brkgd->bnkd", ds, q_r)  # dK = dSᵀ Q (· scale), summed over G
     return dk.mul_(softmax_scale), dv
 
 
-def _dq(q, k, v, dout, lse, delta, softmax_scale: float, causal: bool) -> torch.Tensor:
+def _dq(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float, masks: dict) -> torch.Tensor:
     """``dQ_i = scale · Σ_j dS_ij k_j`` over all keys, ``[B, Sq, Hkv, G, D]`` (arguments as :func:`_dkdv`).
 
     Each chunk of rows is finished on its own: its ``P`` and ``dS`` over every key give its ``dQ``,
@@ -118,8 +130,8 @@ def _dq(q, k, v, dout, lse, delta, softmax_scale: float, causal: bool) -> torch.
     dq = torch.empty_like(q)
     for r0, r1 in _row_chunks(q, k):
         lse_r, delta_r = _row_stats(lse, delta, r0, r1)
-        p = _probabilities(q[:, r0:r1], k, lse_r, r0, q.shape[1], softmax_scale, causal)  # [B, Hkv, G, rows, Sk]
-        ds = _dscores(p, dout[:, r0:r1], v, delta_r)
+        p, softcap_grad = _probabilities(q[:, r0:r1], k, lse_r, r0, q.shape[1], softmax_scale, softcap, masks)
+        ds = _dscores(p, dout[:, r0:r1], v, delta_r, softcap_grad)
         dq[:, r0:r1] = torch.einsum("bkgrn,bnkd->brkgd", ds, k).mul_(softmax_scale)  # dQ = dS K · scale
     return dq
 
@@ -138,23 +150,31 @@ def _row_stats(lse: torch.Tensor, delta: torch.Tensor, r0: int, r1: int) -> tupl
     return torch.where(torch.isinf(lse_r), torch.zeros_like(lse_r), lse_r), delta_r
 
 
-def _probabilities(q, k, lse, row_start: int, seqlen_q: int, softmax_scale: float, causal: bool) -> torch.Tensor:
-    """``P_ij = exp(scale · q_i·k_j - lse_i)`` ``[B, Hkv, G, rows, Sk]`` of rows ``row_start ..``, 0 where masked.
+def _probabilities(q, k, lse, row_start: int, seqlen_q: int, softmax_scale: float, softcap: float,
+                   masks: dict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``P_ij = exp(ℓ_ij - lse_i)`` ``[B, Hkv, G, rows, Sk]`` of rows ``row_start ..``, 0 where masked, and
+    the softcap's factor ``1 - tanh² = 1 - (ℓ_ij / softcap)²`` of ``dS`` (same shape; None without softcap).
 
     ``q [B, rows, Hkv, G, D]`` (rows ``row_start .. row_start + rows - 1`` of ``seqlen_q``),
-    ``k [B, Sk, Hkv, D]``, ``lse [B, Hkv, G, rows, 1]`` from :func:`_row_stats`.
+    ``k [B, Sk, Hkv, D]``, ``lse [B, Hkv, G, rows, 1]`` from :func:`_row_stats`; the logits ``ℓ`` are the
+    forward's (:func:`attn_ref.attention._logits`), the mask is :func:`~attn_ref.masks.visible_keys` of
+    ``masks``, the keywords ``causal``, ``window_size`` and ``attention_chunk``.
     """
-    logits = torch.einsum("brkgd,bnkd->bkgrn", q, k).mul_(softmax_scale)
+    logits = _logits(torch.einsum("brkgd,bnkd->bkgrn", q, k), softmax_scale, softcap)
+    softcap_grad = 1 - (logits / softcap).square() if softcap > 0 else None
     row_end = row_start + q.shape[1]
-    visible = visible_keys(seqlen_q, k.shape[1], causal, device=q.device, row_start=row_start, row_end=row_end)
-    return logits.masked_fill_(~visible, float("-inf")).sub_(lse).exp_()
+    visible = visible_keys(seqlen_q, k.shape[1], device=q.device, row_start=row_start, row_end=row_end, **masks)
+    return logits.masked_fill_(~visible, float("-inf")).sub_(lse).exp_(), softcap_grad
 
 
-def _dscores(p: torch.Tensor, dout: torch.Tensor, v: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """``dS_ij = P_ij (dP_ij - D_i)`` with ``dP_ij = dO_i · v_j``, ``[B, Hkv, G, rows, Sk]``, written over ``p``.
+def _dscores(p: torch.Tensor, dout: torch.Tensor, v: torch.Tensor, delta: torch.Tensor,
+             softcap_grad: Optional[torch.Tensor]) -> torch.Tensor:
+    """``dS_ij = P_ij (dP_ij - D_i)`` with ``dP_ij = dO_i · v_j``, ``[B, Hkv, G, rows, Sk]``, written over ``p``;
+    times ``softcap_grad`` (``1 - tanh²``) with softcap.
 
     ``p [B, Hkv, G, rows, Sk]``, ``dout [B, rows, Hkv, G, Dv]``, ``v [B, Sk, Hkv, Dv]``,
-    ``delta [B, Hkv, G, rows, 1]``.
+    ``delta [B, Hkv, G, rows, 1]``, ``softcap_grad`` as ``p`` or None.
     """
     dp = torch.einsum("brkgd,bnkd->bkgrn", dout, v)
-    return p.mul_(dp.sub_(delta))
+    ds = p.mul_(dp.sub_(delta))
+    return ds if softcap_grad is None else ds.mul_(softcap_grad)

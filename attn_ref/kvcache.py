@@ -18,12 +18,10 @@ import torch
 from .error_notes import catalogued
 
 from .append import append_kv
-from .attention import attention_with_lse
+from .attention import _split_states, _store_state
+from .call import KVCacheCall
 from .merge import merge_attention_states
-from .paged import gather_cache
-from .rotary import apply_rotary
-from .splits import split_bounds
-from .validation import KVCacheCall, check_kvcache_args
+from .validation import check_kvcache_args
 
 
 @catalogued
@@ -139,6 +137,7 @@ def flash_attn_with_kvcache(
 
 def attend(call: KVCacheCall):
     """Attention for every batch entry; returns ``(out, lse, out_accum, lse_accum)`` (see above)."""
+    batch = call.batch_host  # the per-batch values as Python ints
     h, dv, device = call.num_heads, call.head_dim_v, call.v_cache.device
     n_splits = max(call.num_splits, 1)  # the reference's heuristic: one split
     total_q = call.total_q
@@ -149,8 +148,8 @@ def attend(call: KVCacheCall):
     lse_accum = torch.full((n_splits, h, total_q), float("-inf"), device=device) if n_splits > 1 else None
     row = 0
     for i in range(call.batch_size):
-        rows = slice(row, row + call.seqlens_q[i])
-        row += call.seqlens_q[i]
+        rows = slice(row, row + batch.seqlens_q[i])
+        row += batch.seqlens_q[i]
         if call.empty_kv or call.num_heads == 0:
             continue
         partials = _split_states(call, i, n_splits)
@@ -161,68 +160,10 @@ def attend(call: KVCacheCall):
     return _to_caller_layout(call, out_rows, lse_rows, accum, lse_accum)
 
 
-def _split_states(call: KVCacheCall, i: int, n_splits: int):
-    """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split: what
-    the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute together."""
-    sk = call.seqlens_k[i]
-    q, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
-    positions = torch.arange(call.leftpads[i], call.leftpads[i] + sk)
-    k = gather_cache(call.k_cache, call.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, d)
-    v = gather_cache(call.v_cache, call.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, dv)
-    if call.is_fp8:
-        q, k, v = _dequantize(call, i, q, k, v)
-    states = []
-    for s, (k0, k1) in enumerate(split_bounds(sk, n_splits)):
-        o, lse = attention_with_lse(
-            q, k[k0:k1], v[k0:k1], call.softmax_scale, call.causal, call.window_size,
-            call.attention_chunk, call.softcap, qv, call.only_qv,
-            call.sinks if s == 0 else None,  # the sink is counted once: in split 0
-            key_offset=k0, seqlen_k=sk,
-        )
-        states.append((o, lse.T))
-    return states
-
-
-def _load_q(call: KVCacheCall, i: int):
-    """``(q, qv)`` of batch entry ``i``: q ``(sq, h, d)`` fp32, rotated at ``P0 + row`` (or at ``P0`` for
-    every row when the call is neither causal nor local), and qv ``(sq, h, dv)`` or None."""
-    sq, start = call.seqlens_q[i], call.q_starts[i]
-    q = _rows(call.q, i, sq, start).float()
-    qv = _rows(call.qv, i, sq, start) if call.qv is not None else None
-    if call.rotary_dim and not call.only_qv:
-        p0 = call.rotary_starts[i]
-        positions = torch.full((sq,), p0) if call.rotary_q_fixed_position else torch.arange(p0, p0 + sq)
-        q = apply_rotary(q, call.rotary_cos, call.rotary_sin, positions.to(q.device), call.rotary_interleaved)
-    return q, qv
-
-
-def _dequantize(call: KVCacheCall, i: int, q, k, v):
-    """fp8 inputs: ``x * x_descale[i, g]`` per KV head ``g`` (q's factor repeated over its query heads)."""
-    group = call.num_heads // call.num_heads_k
-
-    def scaled(x, descale, repeat):
-        if descale is None:
-            return x
-        return x * descale[i].float().repeat_interleave(repeat)[None, :, None]
-
-    return scaled(q, call.q_descale, group), scaled(k, call.k_descale, 1), scaled(v, call.v_descale, 1)
-
-
 def _merge_states(partials):
     """One state ``(out (sq, h, dv), lse (sq, h))`` from the split states, folded in split order with
     :func:`attn_ref.merge.merge_attention_states`."""
     return reduce(lambda a, b: merge_attention_states(*a, *b), partials)
-
-
-def _store_state(state, rows: slice, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Write ``state = (out (sq, h, dv), lse (sq, h))`` of one batch entry into its ``rows`` of the
-    rows-first results ``out (total_q, h, dv)`` and ``lse (h, total_q)``."""
-    out[rows], lse[:, rows] = state[0], state[1].T
-
-
-def _rows(x: torch.Tensor, i: int, n: int, start: int) -> torch.Tensor:
-    """Tokens of batch entry ``i``: ``x[i, :n]`` (batched layout) or ``x[start:start + n]`` (packed)."""
-    return x[start:start + n] if x.dim() == 3 else x[i, :n]
 
 
 def _to_caller_layout(call: KVCacheCall, out_rows, lse_rows, accum, lse_accum):

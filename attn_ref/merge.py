@@ -39,23 +39,6 @@ def merge_attention_states(
     return _merge_pair(out_a.float(), lse_a.float(), out_b.float(), lse_b.float())
 
 
-def _merge_pair(out_a, lse_a, out_b, lse_b):
-    """The ⊕ of two checked fp32 states ``out (..., dim)``, ``lse (...)``: ``(out (..., dim), lse (...))``."""
-    lse_a, lse_b = _no_plus_inf(lse_a), _no_plus_inf(lse_b)
-    m = torch.maximum(lse_a, lse_b)
-    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # both -inf: weights 0, not NaN
-    w_a, w_b = torch.exp(lse_a - m_safe), torch.exp(lse_b - m_safe)
-    total = w_a + w_b
-    lse = m_safe + torch.log(total)  # log(0) = -inf for a row with no key on either side
-    inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
-    out = (w_a * inv)[..., None] * out_a + (w_b * inv)[..., None] * out_b
-    return out, lse
-
-
-def _no_plus_inf(lse: torch.Tensor) -> torch.Tensor:
-    return torch.where(lse == float("inf"), torch.full_like(lse, float("-inf")), lse)
-
-
 def check_merge_states(out_a, lse_a, out_b, lse_b) -> None:
     """Two attention states of one shape: ``out_* (..., dim)``, ``lse_* (...)`` = ``out_a.shape[:-1]``."""
     check_state("out_a", out_a, "lse_a", lse_a)
@@ -79,3 +62,20 @@ def check_state(out_name: str, out, lse_name: str, lse) -> None:
             f"{out_name} and {lse_name} must be floating point on one device, got {out.dtype} on "
             f"{out.device} and {lse.dtype} on {lse.device}"
         )
+
+
+def _merge_pair(out_a, lse_a, out_b, lse_b):
+    """The ⊕ of two checked fp32 states ``out (..., dim)``, ``lse (...)``: ``(out (..., dim), lse (...))``."""
+    lse_a, lse_b = _no_plus_inf(lse_a), _no_plus_inf(lse_b)
+    m = torch.maximum(lse_a, lse_b)
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # both -inf: weights 0, not NaN
+    w_a, w_b = torch.exp(lse_a - m_safe), torch.exp(lse_b - m_safe)
+    total = w_a + w_b
+    lse = m_safe + torch.log(total)  # log(0) = -inf for a row with no key on either side
+    inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
+    out = (w_a * inv)[..., None] * out_a + (w_b * inv)[..., None] * out_b
+    return out, lse
+
+
+def _no_plus_inf(lse: torch.Tensor) -> torch.Tensor:
+    return torch.where(lse == float("inf"), torch.full_like(lse, float("-inf")), lse)

@@ -43,23 +43,28 @@ checks a few arguments and returns what the later ones need:
       ``value_checks=False`` skips them all (the kernels do inside a CUDA graph capture, see
       :mod:`kernels.host_checks`); nothing then reads a device value on the host.
 
-Compatibility rule (spec section 1.7): a call FA3 accepts is accepted here with the same result, and
+Compatibility rule (the drop-in rule): a call FA3 accepts is accepted here with the same result, and
 what FA3 ignores in a configuration is ignored here too, without a check: ``rotary_seqlens`` and
 ``rotary_sin`` without ``rotary_cos``, ``v`` and ``cu_seqlens_k_new`` without ``k``, the fp8 descales
 for other dtypes. Option values get FA3's meaning: a negative window side is unbounded, a window
 side at least as long as the static lengths is unbounded, ``attention_chunk`` goes through ``int()``
 and ``<= 0`` is off, ``softcap <= 0`` (or NaN) is off and is used in float32, as FA3 does.
 
-The result is a :class:`KVCacheCall`: the resolved arguments plus the per-batch lengths, as a
-device tensor computed with torch ops (:func:`batch_table`, what the kernels read) and, after the
-value checks, as Python ints read from it (what the reference loops over).
+The result is a :class:`~attn_ref.call.KVCacheCall` (:mod:`attn_ref.call`): the resolved arguments
+plus the per-batch values, a :class:`~attn_ref.call.BatchTable` of device tensors computed with torch
+ops (:func:`~attn_ref.call.batch_table`, what the kernels read) and, after the value checks, the same
+table as Python ints (what the reference loops over). The checks of the memory the call writes are
+in :mod:`attn_ref.overlap`; the small checks the phases share are at the end of this module, after
+the phases, which read top to bottom in the order they run.
 
 Notation used in shapes: ``b`` batch, ``sq`` query length, ``h`` query heads, ``h_k`` key/value heads,
 ``d`` q/k head dim, ``dv`` v head dim, ``P`` page size.
 """
 
+
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import operator
@@ -69,394 +74,19 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
+from .call import (
+    FLOAT32_MAX,
+    INT64_MAX,
+    LARGE_SCALE,
+    MAX_NUM_SPLITS,
+    SUPPORTED_DTYPES,
+    KVCacheCall,
+    batch_table,
+    output_dtype,
+)
 from .layout_hint import check_heads_first
-from .paged import cache_slots, flat_slot_index
-
-#: Input dtypes both implementations accept (fp32 is an addition to upstream's fp16/bf16/fp8).
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
-#: Largest ``num_splits`` (FA3's limit); also the cap of the kernels' split heuristic.
-MAX_NUM_SPLITS = 256
-#: Integer options reach FA3's C++ as int64 (window sides, ``attention_chunk``).
-INT64_MAX = 2**63 - 1
-#: Largest finite float32: ``softmax_scale`` and ``softcap`` reach FA3's kernels as float32.
-FLOAT32_MAX = 3.4028234663852886e38
-#: ``|softmax_scale|`` above which (without softcap) the validation bounds the logits from the data.
-LARGE_SCALE = 1e4
-#: Rows of :attr:`KVCacheCall.batch`, one per-batch value each (see :class:`KVCacheCall`).
-BATCH_FIELDS = ("seqlens_q", "q_starts", "cache_rows", "leftpads", "seqlens_k", "new_lens",
-                "new_starts", "cache_seqlens", "rotary_starts")
-
-
-def output_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the attention output for inputs of ``dtype``: the same, but bf16 for fp8 (as FA3)."""
-    return torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
-
-
-@dataclass
-class KVCacheCall:
-    """A validated ``flash_attn_with_kvcache`` call.
-
-    Tensors are the caller's (``k_cache`` may be sglang's ``only_qv`` placeholder, ``q`` its dummy).
-    Per-batch values, one per batch entry ``i``, are the rows of ``batch`` (``(9, b)`` int32 on q's
-    device, in :data:`BATCH_FIELDS` order, :func:`batch_table`) and, once :func:`check_kvcache_values` has run, the lists
-    of the same names (Python ints; ``None`` when the value checks were skipped):
-
-    * ``seqlens_q[i]`` (``Sq_i``): query rows; ``q_starts[i]``: first row in varlen ``q`` (0 otherwise).
-    * ``cache_rows[i]``: cache row (no page table) or page-table row used by batch ``i``.
-    * ``cache_seqlens[i]`` (``C_i``): absolute end of the old tokens; new tokens are written there.
-    * ``leftpads[i]`` (``L_i``): first valid cache position.
-    * ``new_lens[i]`` (``N_i``) and ``new_starts[i]``: new k/v tokens and their first row in ``k``.
-    * ``seqlens_k[i]`` (``Sk_i = C_i + N_i - L_i``): keys attended.
-    * ``rotary_starts[i]`` (``P0_i``): rotary position of the first new key.
-    """
-
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    k: Optional[torch.Tensor]
-    v: Optional[torch.Tensor]
-    qv: Optional[torch.Tensor]
-    rotary_cos: Optional[torch.Tensor]
-    rotary_sin: Optional[torch.Tensor]
-    page_table: Optional[torch.Tensor]
-    q_descale: Optional[torch.Tensor]
-    k_descale: Optional[torch.Tensor]
-    v_descale: Optional[torch.Tensor]
-    sinks: Optional[torch.Tensor]
-    out: Optional[torch.Tensor]
-    batch_size: int
-    num_heads: int
-    num_heads_k: int
-    head_dim: int
-    head_dim_v: int
-    varlen_q: bool
-    seqlen_q_bound: int  # static bound on every Sq_i: sq, or max_seqlen_q (at most total_q) for varlen q
-    batch: torch.Tensor
-    page_size: int
-    capacity: int
-    softmax_scale: float
-    causal: bool
-    window_size: tuple[int, int]  # FA3-normalised: -1 = unbounded; causal makes the right side 0
-    attention_chunk: int  # 0 = off; bounded by max(capacity, longest query sequence)
-    softcap: float  # 0 = off; else the float32 value FA3 uses
-    rotary_interleaved: bool
-    rotary_dim: int
-    rotary_q_fixed_position: bool
-    only_qv: bool
-    num_splits: int  # 0 = heuristic (any num_splits <= 0 given), 1 = no split, n > 1 = n splits
-    empty_kv: bool
-    return_softmax_lse: bool
-    seqlens_q: Optional[list[int]] = None
-    q_starts: Optional[list[int]] = None
-    cache_rows: Optional[list[int]] = None
-    leftpads: Optional[list[int]] = None
-    seqlens_k: Optional[list[int]] = None
-    new_lens: Optional[list[int]] = None
-    new_starts: Optional[list[int]] = None
-    cache_seqlens: Optional[list[int]] = None
-    rotary_starts: Optional[list[int]] = None
-
-    @property
-    def paged(self) -> bool:
-        return self.page_table is not None
-
-    @property
-    def is_fp8(self) -> bool:
-        return self.q.dtype == torch.float8_e4m3fn
-
-    @property
-    def out_dtype(self) -> torch.dtype:
-        """Output dtype: :func:`output_dtype` of q's dtype."""
-        return output_dtype(self.q.dtype)
-
-    @property
-    def total_q(self) -> int:
-        """Query rows: ``q.shape[0]`` packed, ``b · sq`` batched (= ``Σ Sq_i`` once validated)."""
-        return self.q.shape[0] if self.varlen_q else self.batch_size * self.q.shape[1]
-
-    @property
-    def appending(self) -> bool:
-        """New tokens are written into the cache (``Σ N_i > 0``: k's token count, once validated)."""
-        return self.k is not None and self.k.shape[:-2].numel() > 0
-
-
-# --------------------------------------------------------------------------------------------------
-# Small checks. Each raises one catalogued error; the argument name is part of the message.
-# --------------------------------------------------------------------------------------------------
-
-
-def _require_tensor(name: str, x: object) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-
-
-def _head_dim(name: str, x: torch.Tensor) -> int:
-    """``x.shape[-1]`` (the head dim); a 0-d tensor has none."""
-    if x.dim() == 0:
-        raise ValueError(f"{name} must have a last (head) dimension, got a 0-d tensor")
-    return x.shape[-1]
-
-
-def _require_contiguous_last_dim(name: str, x: torch.Tensor) -> None:
-    # Same text as sglang's ``assert k_cache.stride(-1) == 1, "..."`` (and the v_cache one).
-    _head_dim(name, x)
-    if x.stride(-1) != 1:
-        raise ValueError(f"{name} must have contiguous last dimension")
-
-
-def _require_ndim(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
-    if x.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
-
-
-def _require_shape(name: str, x: torch.Tensor, shape: Sequence[int], layout: str) -> None:
-    if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)} {layout}, got {tuple(x.shape)}")
-
-
-def _require_dtype(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
-    if x.dtype != dtype:
-        raise ValueError(f"{name} must have dtype {dtype}, got {x.dtype}")
-
-
-def _require_float(name: str, x: torch.Tensor) -> None:
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"{name} must have a floating-point dtype, got {x.dtype}")
-
-
-def _require_device(name: str, x: torch.Tensor, device: torch.device) -> None:
-    if x.device != device:
-        raise ValueError(f"{name} must be on the same device as q ({device}), got {x.device}")
-
-
-def _require_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str, read_values: bool) -> None:
-    """Check an int32 ``(b + 1,)`` offsets tensor: starts at 0, never decreases, ends at ``total``.
-
-    The values are read (a value check, run here because they define the batch structure) only if
-    ``read_values``, or if there are fewer than two entries (a call that fails: at most one value)."""
-    _require_dtype(name, cu, torch.int32)
-    _require_ndim(name, cu, 1, "(batch + 1,) offsets")
-    if not read_values and cu.shape[0] >= 2:
-        return
-    offsets = cu.tolist()
-    monotone = all(a <= b for a, b in zip(offsets, offsets[1:]))
-    if len(offsets) < 2 or offsets[0] != 0 or not monotone or offsets[-1] != total:
-        raise ValueError(
-            f"{name} must start at 0, never decrease and end at {total_name}={total}, got {offsets}"
-        )
-
-
-def _require_index_range(name: str, values: list[int], low: int, high: int) -> None:
-    """Every value must lie in ``[low, high)``."""
-    bad = [x for x in values if not low <= x < high]
-    if bad:
-        raise ValueError(f"{name} values must lie in [{low}, {high}), got {bad[:8]}")
-
-
-def _require_int32_vector(name: str, x, batch: int, device: torch.device) -> None:
-    """An optional ``(b,)`` int32 tensor on q's device (its values go to :func:`batch_table`)."""
-    if x is None:
-        return
-    _require_tensor(name, x)
-    _require_device(name, x, device)
-    _require_dtype(name, x, torch.int32)
-    _require_shape(name, x, (batch,), "(batch,)")
-
-
-def _int64(x) -> Optional[int]:
-    """``x`` as an int if it is one (Python or numpy int, integer 1-element tensor) within int64, as
-    FA3's int64 arguments need, else None. Bools and floats are not ints here."""
-    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
-        return None
-    try:
-        value = operator.index(x)
-    except TypeError:
-        return None
-    return value if -INT64_MAX - 1 <= value <= INT64_MAX else None
-
-
-def _window_pair(window_size) -> tuple[int, int]:
-    """``(left, right)`` from ``window_size[0]``, ``window_size[1]`` (FA3 reads only those two)."""
-    try:
-        sides = _int64(window_size[0]), _int64(window_size[1])
-    except (TypeError, IndexError, KeyError):
-        sides = None, None
-    if None in sides:
-        raise ValueError(
-            f"window_size must hold two ints (left, right) in int64 range, a negative side meaning "
-            f"unbounded, got {window_size!r}"
-        )
-    return sides
-
-
-def _chunk_size(attention_chunk) -> int:
-    """sglang's ``0 if attention_chunk is None else int(attention_chunk)``; ``<= 0`` is off (FA3)."""
-    try:
-        chunk = _int64(0 if attention_chunk is None else int(attention_chunk))
-    except (TypeError, ValueError, OverflowError, RuntimeError):
-        chunk = None
-    if chunk is None:
-        raise ValueError(
-            f"attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), "
-            f"got {attention_chunk!r}"
-        )
-    return max(chunk, 0)
-
-
-def _flag(name: str, x, none_is_false: bool = False) -> bool:
-    """A bool argument: a bool (Python or NumPy), an int 0 / 1, or a 1-element bool or integer
-    tensor holding 0 / 1; ``None`` too where sglang only tests the value's truth (``only_qv``)."""
-    if x is None and none_is_false:
-        return False
-    if isinstance(x, torch.Tensor):
-        scalar = x.numel() == 1 and x.device.type != "meta" and not (x.dtype.is_floating_point or x.is_complex())
-        value = x.item() if scalar else None
-    elif isinstance(x, numbers.Integral) or type(x).__name__ in ("bool_", "bool"):
-        value = int(x)
-    else:
-        value = None
-    if value not in (0, 1):
-        raise TypeError(f"{name} must be a bool, got {x!r}")
-    return bool(value)
-
-
-def _require_real(name: str, x) -> float:
-    """A real Python / numpy number (not a bool) as a float."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    return float(x)
-
-
-def _require_float32_finite(name: str, x: float) -> None:
-    """FA3 computes with ``name`` as a float32: NaN, inf and values beyond its range are garbage there."""
-    if not (math.isfinite(x) and abs(x) <= FLOAT32_MAX):
-        raise ValueError(f"{name} must be finite in float32 (|{name}| <= 3.4e38), got {x!r}")
-
-
-def _float32(x: float) -> float:
-    """``x`` (finite, within float32's range) rounded to float32, the precision FA3's kernels get it in."""
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def _default_scale(what: str, dims: int) -> float:
-    """sglang's default ``softmax_scale = dims ** -0.5``, undefined for a zero head dim."""
-    if dims == 0:
-        raise ValueError(f"softmax_scale=None means {what} ** -0.5, which is undefined for a head dim "
-                         f"of 0; pass softmax_scale")
-    return dims ** (-0.5)
-
-
-def _require_int(name: str, x) -> int:
-    """An int argument (Python / numpy int or integer 1-element tensor; not a bool)."""
-    value = _int64(x)
-    if value is None:
-        raise TypeError(f"{name} must be an int in int64 range, got {x!r}")
-    return value
-
-
-# --------------------------------------------------------------------------------------------------
-# Memory shared between tensors. The call writes the caches (append) and ``out``; a written element
-# that another argument also reads, or that two slots share, makes the result depend on the order of
-# the writes (FA3 runs them in parallel). Offsets below are in elements of the tensor's storage.
-# --------------------------------------------------------------------------------------------------
-
-
-def _non_overlapping(x: torch.Tensor) -> bool:
-    """True if no two elements of ``x`` share memory: sorted by stride, every dimension's stride
-    exceeds the span of the smaller ones (a stride-0 / expanded view fails; a sufficient test)."""
-    if x.is_contiguous():
-        return True
-    span = 0
-    for stride, size in sorted((st, n) for st, n in zip(x.stride(), x.shape) if n > 1):
-        if stride <= span:
-            return False
-        span += (size - 1) * stride
-    return True
-
-
-def _all_offsets(x: torch.Tensor) -> torch.Tensor:
-    """Storage offsets of every element of ``x``, ``(x.numel(),)`` int64."""
-    offsets = torch.tensor([x.storage_offset()], dtype=torch.int64)
-    for size, stride in zip(x.shape, x.stride()):
-        offsets = (offsets[:, None] + torch.arange(size, dtype=torch.int64) * stride).flatten()
-    return offsets
-
-
-def _contains(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Which storage ``offsets`` are elements of ``x`` (``x`` non-overlapping): peel the dimensions off
-    from the largest stride down; an offset is an element iff nothing is left at the end."""
-    rest = offsets - x.storage_offset()
-    inside = rest >= 0
-    for stride, size in sorted(((st, n) for st, n in zip(x.stride(), x.shape) if n > 1), reverse=True):
-        index = torch.clamp(torch.div(rest, stride, rounding_mode="floor"), 0, size - 1)
-        rest = rest - index * stride
-    return inside & (rest == 0)
-
-
-def _storage_start(x: torch.Tensor) -> int:
-    """Address of the start of ``x``'s storage (cheaper than ``x.untyped_storage().data_ptr()``)."""
-    return x.data_ptr() - x.storage_offset() * x.element_size()
-
-
-def _shares_memory(x: torch.Tensor, offsets, y: torch.Tensor) -> bool:
-    """Whether elements of ``x`` at ``offsets()`` (a callable, evaluated only if needed) lie in ``y``'s
-    memory. Different element sizes over one byte range count as shared."""
-    if x.numel() == 0 or y.numel() == 0 or "meta" in (x.device.type, y.device.type):
-        return False
-    if x.device != y.device or _storage_start(x) != _storage_start(y):
-        return False
-
-    def byte_range(t):
-        last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-        return t.storage_offset() * t.element_size(), (last + 1) * t.element_size()
-
-    (x0, x1), (y0, y1) = byte_range(x), byte_range(y)
-    if x1 <= y0 or y1 <= x0:
-        return False
-    if x.element_size() != y.element_size() or not _non_overlapping(y):
-        return True
-    return bool(_contains(y, offsets().to(torch.int64)).any())
-
-
-def _require_writable(name: str, x: torch.Tensor) -> None:
-    """``x`` is written in place: it must not have elements that share memory, nor require grad while
-    grad mode is on (PyTorch refuses in-place writes there, and so does FA3's op)."""
-    if x.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{name} requires grad, but the call writes it in place; pass a tensor that "
-                         f"does not require grad (e.g. {name}.detach())")
-    if not _non_overlapping(x):
-        raise ValueError(f"{name} has elements that share memory (e.g. a stride-0 view from expand), "
-                         f"but the call writes it in place; pass a tensor with its own memory per "
-                         f"element (e.g. {name}.contiguous())")
-
-
-def _storage_starts(arguments: dict) -> dict:
-    """:func:`_storage_start` of each tensor among ``arguments`` (name -> argument)."""
-    return {name: _storage_start(x) for name, x in arguments.items() if isinstance(x, torch.Tensor)}
-
-
-def _require_unshared(name: str, offsets, arguments: dict, starts: dict) -> None:
-    """The elements of argument ``name`` the call writes (``offsets()``) must not be memory of another
-    argument; ``starts`` maps the tensor arguments to their :func:`_storage_start`."""
-    x = arguments[name]
-    for other_name, start in starts.items():
-        if other_name != name and start == starts.get(name) and _shares_memory(x, offsets, arguments[other_name]):
-            raise ValueError(f"{name} shares memory with {other_name}, and the call writes {name}: "
-                             f"pass tensors that do not overlap")
-
-
-def _cache_write_offsets(cache: torch.Tensor, page_table, rows, starts, lens) -> torch.Tensor:
-    """Storage offsets of every element the append writes into ``cache``: positions
-    ``starts[i] .. starts[i] + lens[i] - 1`` of cache row ``rows[i]``, all heads and channels."""
-    table = page_table.cpu() if page_table is not None else None
-    tokens = []
-    for row, start, n in zip(rows, starts, lens):
-        major, minor = cache_slots(row, torch.arange(start, start + n), table, cache.shape[1])
-        tokens.append(major * cache.stride(0) + minor * cache.stride(1))
-    heads = torch.arange(cache.shape[2]) * cache.stride(2)
-    channels = torch.arange(cache.shape[3]) * cache.stride(3)
-    return (cache.storage_offset() + torch.cat(tokens)[:, None, None] + heads[:, None] + channels).flatten()
-
+from .overlap import _all_offsets, _cache_write_offsets, _require_unshared, _require_writable, _storage_starts
+from .paged import flat_slot_index
 
 
 # --------------------------------------------------------------------------------------------------
@@ -940,75 +570,21 @@ def _resolve_call(arguments: dict, page_table, layout: _Layout, masks: _Masks, r
     )
 
 
-# ---- The per-batch values ---------------------------------------------------------------------------
-
-
-def batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_seqlens_k_new,
-                cache_seqlens, capacity, cache_leftpad, rotary_seqlens) -> torch.Tensor:
-    """The per-batch values of a call, ``(9, b)`` int32 on ``device`` in :data:`BATCH_FIELDS` order
-    (int64 for an int ``cache_seqlens`` beyond int32, which the value checks then report), from its
-    statically checked arguments with torch ops only: no value is read on the host, and a typical
-    decode call costs a handful of tiny device ops (the index tensors are int32 already).
-
-    ``Sq_i`` and the q starts from ``cu_seqlens_q`` (else ``sq``, 0); cache rows from
-    ``cache_batch_idx`` (else ``i``); ``N_i`` and the new starts from ``cu_seqlens_k_new`` (else
-    ``k.shape[1]``, 0; no ``k``: 0); ``C_i`` from ``cache_seqlens`` (an int: every entry; None: the
-    capacity); ``L_i`` from ``cache_leftpad`` (else 0); ``Sk_i = C_i + N_i - L_i``; ``P0_i`` from
-    ``rotary_seqlens`` (else ``C_i``)."""
-    wide = isinstance(cache_seqlens, int) and not -2**31 <= cache_seqlens < 2**31
-    dtype = torch.int64 if wide else torch.int32
-    zeros = torch.zeros(batch, dtype=dtype, device=device)
-
-    def per_batch(x, default: int) -> torch.Tensor:  # (b,): x, or default in every entry
-        if isinstance(x, torch.Tensor):
-            return x.to(dtype)
-        if default == 0:
-            return zeros
-        value = min(max(default, -INT64_MAX - 1), INT64_MAX)  # (an absurd int cache_seqlens)
-        return torch.full((batch,), value, dtype=dtype, device=device)
-
-    def lengths(cu, length: int):  # (lens, starts) of each entry, from offsets or a fixed length
-        if cu is None:
-            return per_batch(None, length), zeros
-        cu = cu.to(dtype)
-        return cu[1:] - cu[:-1], cu[:-1]
-
-    seqlens_q, q_starts = lengths(cu_seqlens_q, static_sq)
-    fixed_new = k.shape[1] if k is not None and k.dim() == 4 else 0
-    new_lens, new_starts = lengths(cu_seqlens_k_new, fixed_new)
-    if cache_batch_idx is None:
-        cache_rows = torch.arange(batch, dtype=dtype, device=device)
-    else:
-        cache_rows = per_batch(cache_batch_idx, 0)
-    if isinstance(cache_seqlens, torch.Tensor):
-        ends = per_batch(cache_seqlens, 0)
-    else:
-        ends = per_batch(None, capacity if cache_seqlens is None else cache_seqlens)
-    seqlens_k = ends + (new_lens if cu_seqlens_k_new is not None else fixed_new)
-    leftpads = per_batch(cache_leftpad, 0)
-    if cache_leftpad is not None:
-        seqlens_k = seqlens_k - leftpads
-    rotary_starts = per_batch(rotary_seqlens, 0) if rotary_seqlens is not None else ends
-    return torch.stack([seqlens_q, q_starts, cache_rows, leftpads, seqlens_k, new_lens, new_starts, ends,
-                        rotary_starts])
-
-
 # ---- 2b. The value checks --------------------------------------------------------------------------
 
 
 def check_kvcache_values(call: KVCacheCall, arguments: dict, max_seqlen_q, batch_k: int) -> KVCacheCall:
     """The value checks of a statically checked call (module docstring, 2b), in this order; they read
     the index tensors (and, with a huge ``softmax_scale``, the data) back to the host. Returns
-    ``call`` with its per-batch lists filled from ``call.batch`` (the phases read them there).
+    ``call`` with ``batch_host``, its per-batch values as Python ints (the phases read them there).
 
     ``arguments``: the tensor arguments by name, as given (for the memory-sharing check of the
     appended cache slots); ``max_seqlen_q``: as given; ``batch_k``: the cache rows (or page-table
     rows) there are.
     """
-    for name, values in zip(BATCH_FIELDS, call.batch.tolist()):  # (call is this validation's own object)
-        setattr(call, name, values)
+    call = dataclasses.replace(call, batch_host=call.batch.tolist())
     _check_max_seqlen_q(call, max_seqlen_q)
-    _require_index_range("cache_batch_idx", call.cache_rows, 0, batch_k)
+    _require_index_range("cache_batch_idx", call.batch_host.cache_rows, 0, batch_k)
     _check_cache_extents(call)
     _check_pages(call)
     _check_write_conflicts(call)
@@ -1020,7 +596,7 @@ def check_kvcache_values(call: KVCacheCall, arguments: dict, max_seqlen_q, batch
 
 def _check_max_seqlen_q(call: KVCacheCall, max_seqlen_q) -> None:
     """With varlen q, no sequence of ``cu_seqlens_q`` is longer than ``max_seqlen_q`` (the static bound)."""
-    seqlens_q = call.seqlens_q
+    seqlens_q = call.batch_host.seqlens_q
     if call.varlen_q and max(seqlens_q, default=0) > call.seqlen_q_bound:
         raise ValueError(
             f"max_seqlen_q={max_seqlen_q} is smaller than the longest sequence in "
@@ -1030,7 +606,8 @@ def _check_max_seqlen_q(call: KVCacheCall, max_seqlen_q) -> None:
 
 def _check_cache_extents(call: KVCacheCall) -> None:
     """Each entry's cache: ``0 <= L_i <= C_i`` and ``C_i + N_i`` within the capacity."""
-    leftpads, seqlens_c, new_lens, capacity = call.leftpads, call.cache_seqlens, call.new_lens, call.capacity
+    batch, capacity = call.batch_host, call.capacity
+    leftpads, seqlens_c, new_lens = batch.leftpads, batch.cache_seqlens, batch.new_lens
     for i in range(call.batch_size):
         if not 0 <= leftpads[i] <= seqlens_c[i]:
             raise ValueError(
@@ -1048,9 +625,9 @@ def _check_pages(call: KVCacheCall) -> None:
     """The pages an entry touches (the first ``ceil((C_i + N_i) / P)`` of its page-table row) exist."""
     if call.page_table is None:
         return
-    rows = call.page_table.tolist()
+    rows, batch = call.page_table.tolist(), call.batch_host
     used = [p for i in range(call.batch_size)
-            for p in rows[call.cache_rows[i]][: -(-(call.cache_seqlens[i] + call.new_lens[i]) // call.page_size)]]
+            for p in rows[batch.cache_rows[i]][: -(-(batch.cache_seqlens[i] + batch.new_lens[i]) // call.page_size)]]
     _require_index_range("page_table", used, 0, call.k_cache.shape[0])
 
 
@@ -1059,9 +636,10 @@ def _check_write_conflicts(call: KVCacheCall) -> None:
     if not call.appending:
         return
     table = call.page_table.cpu() if call.page_table is not None else None
+    batch = call.batch_host
     written = torch.cat([
-        flat_slot_index(call.k_cache, call.cache_rows[i],
-                        torch.arange(call.cache_seqlens[i], call.cache_seqlens[i] + call.new_lens[i]), table)
+        flat_slot_index(call.k_cache, batch.cache_rows[i],
+                        torch.arange(batch.cache_seqlens[i], batch.cache_seqlens[i] + batch.new_lens[i]), table)
         for i in range(call.batch_size)
     ])
     if written.unique().numel() != written.numel():
@@ -1074,11 +652,12 @@ def _check_write_conflicts(call: KVCacheCall) -> None:
 def _check_rotary_rows(call: KVCacheCall) -> None:
     """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + Sq - 1``
     unless the queries' position is fixed) for the queries."""
-    rotary_cos, rotary_starts = call.rotary_cos, call.rotary_starts
+    rotary_cos, batch = call.rotary_cos, call.batch_host
+    rotary_starts = batch.rotary_starts
     if rotary_cos is None:
         return
     for i in range(call.batch_size):
-        seqlen_q, new_len = call.seqlens_q[i], call.new_lens[i]
+        seqlen_q, new_len = batch.seqlens_q[i], batch.new_lens[i]
         q_rows = 0 if call.only_qv or seqlen_q == 0 else 1 if call.rotary_q_fixed_position else seqlen_q
         if max(new_len, q_rows) == 0:
             continue
@@ -1126,5 +705,181 @@ def _check_writes_unshared(call: KVCacheCall, arguments: dict) -> None:
     starts = _storage_starts(arguments)
     for name in ("k_cache", "v_cache"):
         offsets = lambda cache=arguments[name]: _cache_write_offsets(  # noqa: E731
-            cache, call.page_table, call.cache_rows, call.cache_seqlens, call.new_lens)
+            cache, call.page_table, call.batch_host.cache_rows, call.batch_host.cache_seqlens,
+            call.batch_host.new_lens)
         _require_unshared(name, offsets, arguments, starts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Small checks, used by the phases above. Each raises one catalogued error; the argument name is
+# part of the message.
+# --------------------------------------------------------------------------------------------------
+
+
+def _require_tensor(name: str, x: object) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def _head_dim(name: str, x: torch.Tensor) -> int:
+    """``x.shape[-1]`` (the head dim); a 0-d tensor has none."""
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have a last (head) dimension, got a 0-d tensor")
+    return x.shape[-1]
+
+
+def _require_contiguous_last_dim(name: str, x: torch.Tensor) -> None:
+    # Same text as sglang's ``assert k_cache.stride(-1) == 1, "..."`` (and the v_cache one).
+    _head_dim(name, x)
+    if x.stride(-1) != 1:
+        raise ValueError(f"{name} must have contiguous last dimension")
+
+
+def _require_ndim(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
+
+
+def _require_shape(name: str, x: torch.Tensor, shape: Sequence[int], layout: str) -> None:
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} {layout}, got {tuple(x.shape)}")
+
+
+def _require_dtype(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
+    if x.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {dtype}, got {x.dtype}")
+
+
+def _require_float(name: str, x: torch.Tensor) -> None:
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"{name} must have a floating-point dtype, got {x.dtype}")
+
+
+def _require_device(name: str, x: torch.Tensor, device: torch.device) -> None:
+    if x.device != device:
+        raise ValueError(f"{name} must be on the same device as q ({device}), got {x.device}")
+
+
+def _require_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str, read_values: bool) -> None:
+    """Check an int32 ``(b + 1,)`` offsets tensor: starts at 0, never decreases, ends at ``total``.
+
+    The values are read (a value check, run here because they define the batch structure) only if
+    ``read_values``, or if there are fewer than two entries (a call that fails: at most one value)."""
+    _require_dtype(name, cu, torch.int32)
+    _require_ndim(name, cu, 1, "(batch + 1,) offsets")
+    if not read_values and cu.shape[0] >= 2:
+        return
+    offsets = cu.tolist()
+    monotone = all(a <= b for a, b in zip(offsets, offsets[1:]))
+    if len(offsets) < 2 or offsets[0] != 0 or not monotone or offsets[-1] != total:
+        raise ValueError(
+            f"{name} must start at 0, never decrease and end at {total_name}={total}, got {offsets}"
+        )
+
+
+def _require_index_range(name: str, values: list[int], low: int, high: int) -> None:
+    """Every value must lie in ``[low, high)``."""
+    bad = [x for x in values if not low <= x < high]
+    if bad:
+        raise ValueError(f"{name} values must lie in [{low}, {high}), got {bad[:8]}")
+
+
+def _require_int32_vector(name: str, x, batch: int, device: torch.device) -> None:
+    """An optional ``(b,)`` int32 tensor on q's device (its values go to :func:`batch_table`)."""
+    if x is None:
+        return
+    _require_tensor(name, x)
+    _require_device(name, x, device)
+    _require_dtype(name, x, torch.int32)
+    _require_shape(name, x, (batch,), "(batch,)")
+
+
+def _int64(x) -> Optional[int]:
+    """``x`` as an int if it is one (Python or numpy int, integer 1-element tensor) within int64, as
+    FA3's int64 arguments need, else None. Bools and floats are not ints here."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
+        return None
+    try:
+        value = operator.index(x)
+    except TypeError:
+        return None
+    return value if -INT64_MAX - 1 <= value <= INT64_MAX else None
+
+
+def _window_pair(window_size) -> tuple[int, int]:
+    """``(left, right)`` from ``window_size[0]``, ``window_size[1]`` (FA3 reads only those two)."""
+    try:
+        sides = _int64(window_size[0]), _int64(window_size[1])
+    except (TypeError, IndexError, KeyError):
+        sides = None, None
+    if None in sides:
+        raise ValueError(
+            f"window_size must hold two ints (left, right) in int64 range, a negative side meaning "
+            f"unbounded, got {window_size!r}"
+        )
+    return sides
+
+
+def _chunk_size(attention_chunk) -> int:
+    """sglang's ``0 if attention_chunk is None else int(attention_chunk)``; ``<= 0`` is off (FA3)."""
+    try:
+        chunk = _int64(0 if attention_chunk is None else int(attention_chunk))
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        chunk = None
+    if chunk is None:
+        raise ValueError(
+            f"attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), "
+            f"got {attention_chunk!r}"
+        )
+    return max(chunk, 0)
+
+
+def _flag(name: str, x, none_is_false: bool = False) -> bool:
+    """A bool argument: a bool (Python or NumPy), an int 0 / 1, or a 1-element bool or integer
+    tensor holding 0 / 1; ``None`` too where sglang only tests the value's truth (``only_qv``)."""
+    if x is None and none_is_false:
+        return False
+    if isinstance(x, torch.Tensor):
+        scalar = x.numel() == 1 and x.device.type != "meta" and not (x.dtype.is_floating_point or x.is_complex())
+        value = x.item() if scalar else None
+    elif isinstance(x, numbers.Integral) or type(x).__name__ in ("bool_", "bool"):
+        value = int(x)
+    else:
+        value = None
+    if value not in (0, 1):
+        raise TypeError(f"{name} must be a bool, got {x!r}")
+    return bool(value)
+
+
+def _require_real(name: str, x) -> float:
+    """A real Python / numpy number (not a bool) as a float."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    return float(x)
+
+
+def _require_float32_finite(name: str, x: float) -> None:
+    """FA3 computes with ``name`` as a float32: NaN, inf and values beyond its range are garbage there."""
+    if not (math.isfinite(x) and abs(x) <= FLOAT32_MAX):
+        raise ValueError(f"{name} must be finite in float32 (|{name}| <= 3.4e38), got {x!r}")
+
+
+def _float32(x: float) -> float:
+    """``x`` (finite, within float32's range) rounded to float32, the precision FA3's kernels get it in."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _default_scale(what: str, dims: int) -> float:
+    """sglang's default ``softmax_scale = dims ** -0.5``, undefined for a zero head dim."""
+    if dims == 0:
+        raise ValueError(f"softmax_scale=None means {what} ** -0.5, which is undefined for a head dim "
+                         f"of 0; pass softmax_scale")
+    return dims ** (-0.5)
+
+
+def _require_int(name: str, x) -> int:
+    """An int argument (Python / numpy int or integer 1-element tensor; not a bool)."""
+    value = _int64(x)
+    if value is None:
+        raise TypeError(f"{name} must be an int in int64 range, got {x!r}")
+    return value

@@ -23,12 +23,49 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attn_ref.validation import KVCacheCall
+from attn_ref.call import KVCacheCall
 
 from .launch import Launch, next_power_of_2, explicit_rounding
 from .numerics import store_as
 from .paged import cache_slots
 from .rotary import apply_rotary
+
+
+def plan_append_kv(call: KVCacheCall) -> Launch | None:
+    """The append launch for a validated call (None when there is nothing to append); the kernel reads
+    the per-batch values from ``call.batch`` (``(b,)`` int32 tensors, :class:`attn_ref.call.BatchTable`).
+    """
+    if not call.appending:
+        return None
+    k, v, kc, vc = call.k, call.v, call.k_cache, call.v_cache
+    packed = k.dim() == 3  # (total_new, h_k, dim) with cu_seqlens_k_new
+    k_strides = (0, *k.stride()[:2]) if packed else k.stride()[:3]
+    v_strides = (0, *v.stride()[:2]) if packed else v.stride()[:3]
+    block_t = 16 if call.head_dim > 128 else 32
+    rotary = call.rotary_cos is not None
+    args = dict(
+        k_ptr=k, v_ptr=v, k_cache_ptr=kc, v_cache_ptr=vc, page_table_ptr=call.page_table,
+        cos_ptr=call.rotary_cos, sin_ptr=call.rotary_sin,
+        new_lens_ptr=call.batch.new_lens, new_starts_ptr=call.batch.new_starts, cache_rows_ptr=call.batch.cache_rows,
+        cache_seqlens_ptr=call.batch.cache_seqlens, rotary_starts_ptr=call.batch.rotary_starts,
+        stride_kb=k_strides[0], stride_kt=k_strides[1], stride_kh=k_strides[2],
+        stride_vb=v_strides[0], stride_vt=v_strides[1], stride_vh=v_strides[2],
+        stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
+        stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
+        stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
+        stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
+    )
+    constexprs = dict(
+        D=call.head_dim, DV=call.head_dim_v, BLOCK_T=block_t,
+        BLOCK_D=next_power_of_2(call.head_dim), BLOCK_DV=next_power_of_2(call.head_dim_v),
+        PAGED=call.paged, ROTARY=rotary,
+        INTERLEAVED=rotary and call.rotary_interleaved,
+        ROUND_TO=explicit_rounding(kc.dtype) if rotary else "none",
+    )
+    # Token blocks from k's token axis (a static bound on every N_i; programs past N_i exit at once).
+    grid = (triton.cdiv(k.shape[0] if packed else k.shape[1], block_t), call.batch_size, call.num_heads_k)
+    return Launch(_append_kv_entry_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
+                  dummy_device=kc.device)
 
 
 # No integer specialisation for the new tokens' strides and the small tables (see kernels.attention).
@@ -95,41 +132,3 @@ def _append_kv_entry_kernel(
         v_src = v_ptr + batch64 * stride_vb + new_row[:, None] * stride_vt + head64 * stride_vh + offs_dv[None, :]
         v_dst = v_cache_ptr + v_slots[:, None] + head64 * stride_vc_h + offs_dv[None, :]  # (BLOCK_T, BLOCK_DV)
         tl.store(v_dst, tl.load(v_src, mask=v_mask), mask=v_mask)
-
-
-def plan_append_kv(call: KVCacheCall, meta: dict) -> Launch | None:
-    """The append launch for a validated call (None when there is nothing to append).
-
-    ``meta`` holds the per-batch int32 tensors built by :func:`kernels.kvcache.batch_metadata`.
-    """
-    if not call.appending:
-        return None
-    k, v, kc, vc = call.k, call.v, call.k_cache, call.v_cache
-    packed = k.dim() == 3  # (total_new, h_k, dim) with cu_seqlens_k_new
-    k_strides = (0, *k.stride()[:2]) if packed else k.stride()[:3]
-    v_strides = (0, *v.stride()[:2]) if packed else v.stride()[:3]
-    block_t = 16 if call.head_dim > 128 else 32
-    rotary = call.rotary_cos is not None
-    args = dict(
-        k_ptr=k, v_ptr=v, k_cache_ptr=kc, v_cache_ptr=vc, page_table_ptr=call.page_table,
-        cos_ptr=call.rotary_cos, sin_ptr=call.rotary_sin,
-        new_lens_ptr=meta["new_lens"], new_starts_ptr=meta["new_starts"], cache_rows_ptr=meta["cache_rows"],
-        cache_seqlens_ptr=meta["cache_seqlens"], rotary_starts_ptr=meta["rotary_starts"],
-        stride_kb=k_strides[0], stride_kt=k_strides[1], stride_kh=k_strides[2],
-        stride_vb=v_strides[0], stride_vt=v_strides[1], stride_vh=v_strides[2],
-        stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
-        stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
-        stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
-        stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
-    )
-    constexprs = dict(
-        D=call.head_dim, DV=call.head_dim_v, BLOCK_T=block_t,
-        BLOCK_D=next_power_of_2(call.head_dim), BLOCK_DV=next_power_of_2(call.head_dim_v),
-        PAGED=call.paged, ROTARY=rotary,
-        INTERLEAVED=rotary and call.rotary_interleaved,
-        ROUND_TO=explicit_rounding(kc.dtype) if rotary else "none",
-    )
-    # Token blocks from k's token axis (a static bound on every N_i; programs past N_i exit at once).
-    grid = (triton.cdiv(k.shape[0] if packed else k.shape[1], block_t), call.batch_size, call.num_heads_k)
-    return Launch(_append_kv_entry_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
-                  dummy_device=kc.device)

@@ -79,14 +79,78 @@ from .rotary import apply_rotary
 from .splits import AttentionTiles, split_bounds
 
 
-@triton.jit
-def _lanes_below(offs, N: tl.constexpr, BLOCK: tl.constexpr):
-    """(BLOCK,) bool ``offs < N``; a constant all-true mask when ``N == BLOCK``, which the compiler
-    folds away (unmasked, vectorised loads)."""
-    if N == BLOCK:
-        return tl.full((BLOCK,), 1, tl.int1)
-    else:
-        return offs < N
+def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
+                   tiles: AttentionTiles) -> Launch:
+    """The attention launch for a validated call (:class:`attn_ref.call.KVCacheCall`).
+
+    ``out`` is ``(n, A0, h, rows, dv)`` and ``lse`` ``(n, A0, h, rows)`` with ``A0 = b`` (batched
+    queries) or 1 (packed queries, rows = ``total_q``): the final output viewed with a unit split
+    axis when ``num_splits == 1``, the fp32 partials otherwise. The kernel reads the per-batch values
+    from ``call.batch`` (``(b,)`` int32 tensors, :class:`attn_ref.call.BatchTable`).
+    """
+    q, qv, kc, vc = call.q, call.qv, call.k_cache, call.v_cache
+    g = call.num_heads // call.num_heads_k
+    rows_per_tile = tiles.block_m // g
+    m_blocks = triton.cdiv(call.seqlen_q_bound, rows_per_tile)  # a static bound: programs past Sq_b exit
+    packed = call.varlen_q
+    fp8_descale = call.is_fp8 and any(x is not None for x in (call.q_descale, call.k_descale, call.v_descale))
+    descales = [_descale_or_ones(call, x) if fp8_descale else None
+                for x in (call.q_descale, call.k_descale, call.v_descale)]
+    out_strides, lse_strides = list(out.stride()[:4]), list(lse.stride())
+    if packed:  # one row axis for all batch entries: the batch index must not move the pointer
+        out_strides[1] = lse_strides[1] = 0
+    rotary = call.rotary_dim > 0 and not call.only_qv
+    args = dict(
+        q_ptr=q, qv_ptr=qv, k_cache_ptr=kc, v_cache_ptr=vc, page_table_ptr=call.page_table,
+        cos_ptr=call.rotary_cos if rotary else None, sin_ptr=call.rotary_sin if rotary else None,
+        sinks_ptr=call.sinks, q_descale_ptr=descales[0], k_descale_ptr=descales[1], v_descale_ptr=descales[2],
+        seqlens_q_ptr=call.batch.seqlens_q, q_starts_ptr=call.batch.q_starts, cache_rows_ptr=call.batch.cache_rows,
+        leftpads_ptr=call.batch.leftpads, seqlens_k_ptr=call.batch.seqlens_k,
+        rotary_starts_ptr=call.batch.rotary_starts,
+        out_ptr=out, lse_ptr=lse,
+        **_row_strides("stride_q", q, packed), **_row_strides("stride_qv", qv, packed),
+        stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
+        stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
+        stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
+        stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
+        stride_descale=descales[0].stride(0) if fp8_descale else 0,
+        stride_os=out_strides[0], stride_ob=out_strides[1], stride_oh=out_strides[2], stride_ot=out_strides[3],
+        stride_ls=lse_strides[0], stride_lb=lse_strides[1], stride_lh=lse_strides[2], stride_lt=lse_strides[3],
+        softmax_scale=call.softmax_scale, softcap=call.softcap if call.softcap > 0 else 1.0,
+        window_left=call.window_size[0], window_right=call.window_size[1], chunk=call.attention_chunk,
+        has_sinks=int(call.sinks is not None), num_splits=num_splits,
+    )
+    constexprs = dict(
+        H_K=call.num_heads_k, G=g, D=call.head_dim, DV=call.head_dim_v,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        BLOCK_D=max(16, next_power_of_2(call.head_dim)), BLOCK_DV=max(16, next_power_of_2(call.head_dim_v)),
+        PAGED=call.paged,
+        HAS_QV=call.qv is not None and not call.only_qv, ONLY_QV=call.only_qv, SOFTCAP=call.softcap > 0,
+        # rotary switches only where they matter, so calls without rotary share one variant
+        ROTARY=rotary, INTERLEAVED=rotary and call.rotary_interleaved,
+        ROTARY_FIXED=rotary and call.rotary_q_fixed_position, HAS_DESCALE=fp8_descale,
+        COMPUTE_DTYPE=compute_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        ROUND_TO=explicit_rounding(out.dtype), Q_PARTS=rotated_q_parts(q.dtype) if rotary else 1,
+    )
+    grid = (m_blocks, call.batch_size * call.num_heads_k, num_splits)
+    return Launch(_split_states_kernel, grid, args, constexprs, num_warps=tiles.num_warps,
+                  num_stages=tiles.num_stages, dummy_device=vc.device)
+
+
+def _row_strides(prefix: str, x, packed: bool) -> dict[str, int]:
+    """``(batch, token, head)`` strides of q-like ``x``: batched ``(b, sq, h, dim)`` or packed
+    ``(total_q, h, dim)`` (batch stride 0; the token index already includes ``q_start``)."""
+    if x is None:
+        return {prefix + "b": 0, prefix + "t": 0, prefix + "h": 0}
+    b, t, h = (0, *x.stride()[:2]) if packed else x.stride()[:3]
+    return {prefix + "b": b, prefix + "t": t, prefix + "h": h}
+
+
+def _descale_or_ones(call, descale):
+    """A ``(b, h_k)`` fp32 descale factor, or ones when this one was not given."""
+    if descale is not None:
+        return descale
+    return torch.ones(call.batch_size, call.num_heads_k, dtype=torch.float32, device=call.q.device)
 
 
 # Triton specialises int arguments on divisibility by 16 (for vectorised loads) and on == 1; that
@@ -177,6 +241,16 @@ def _split_states_kernel(
         _store_state(out_ptr + split64 * stride_os + batch64 * stride_ob,
                      lse_ptr + split64 * stride_ls + batch64 * stride_lb, out, lse, heads, token,
                      offs_dv, row_ok, dv_ok, stride_oh, stride_ot, stride_lh, stride_lt, ROUND_TO)
+
+
+@triton.jit
+def _lanes_below(offs, N: tl.constexpr, BLOCK: tl.constexpr):
+    """(BLOCK,) bool ``offs < N``; a constant all-true mask when ``N == BLOCK``, which the compiler
+    folds away (unmasked, vectorised loads)."""
+    if N == BLOCK:
+        return tl.full((BLOCK,), 1, tl.int1)
+    else:
+        return offs < N
 
 
 @triton.jit
@@ -391,76 +465,3 @@ def _store_state(out_ptr, lse_ptr, out, lse, heads, token, offs_dv, row_ok, dv_o
     out_ptrs = out_ptr + heads[:, None] * stride_oh + token[:, None] * stride_ot + offs_dv[None, :]  # (BLOCK_M, BLOCK_DV)
     store_as(out_ptrs, out, row_ok[:, None] & dv_ok[None, :], ROUND_TO)
     tl.store(lse_ptr + heads * stride_lh + token * stride_lt, lse, mask=row_ok)  # (BLOCK_M,)
-
-
-def plan_attention(call, meta: dict, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
-                   tiles: AttentionTiles) -> Launch:
-    """The attention launch for a validated call (:class:`attn_ref.validation.KVCacheCall`).
-
-    ``out`` is ``(n, A0, h, rows, dv)`` and ``lse`` ``(n, A0, h, rows)`` with ``A0 = b`` (batched
-    queries) or 1 (packed queries, rows = ``total_q``): the final output viewed with a unit split
-    axis when ``num_splits == 1``, the fp32 partials otherwise. ``meta`` holds the per-batch int32
-    tensors of :func:`kernels.kvcache.batch_metadata`.
-    """
-    q, qv, kc, vc = call.q, call.qv, call.k_cache, call.v_cache
-    g = call.num_heads // call.num_heads_k
-    rows_per_tile = tiles.block_m // g
-    m_blocks = triton.cdiv(call.seqlen_q_bound, rows_per_tile)  # a static bound: programs past Sq_b exit
-    packed = call.varlen_q
-    fp8_descale = call.is_fp8 and any(x is not None for x in (call.q_descale, call.k_descale, call.v_descale))
-    descales = [_descale_or_ones(call, x) if fp8_descale else None
-                for x in (call.q_descale, call.k_descale, call.v_descale)]
-    out_strides, lse_strides = list(out.stride()[:4]), list(lse.stride())
-    if packed:  # one row axis for all batch entries: the batch index must not move the pointer
-        out_strides[1] = lse_strides[1] = 0
-    rotary = call.rotary_dim > 0 and not call.only_qv
-    args = dict(
-        q_ptr=q, qv_ptr=qv, k_cache_ptr=kc, v_cache_ptr=vc, page_table_ptr=call.page_table,
-        cos_ptr=call.rotary_cos if rotary else None, sin_ptr=call.rotary_sin if rotary else None,
-        sinks_ptr=call.sinks, q_descale_ptr=descales[0], k_descale_ptr=descales[1], v_descale_ptr=descales[2],
-        seqlens_q_ptr=meta["seqlens_q"], q_starts_ptr=meta["q_starts"], cache_rows_ptr=meta["cache_rows"],
-        leftpads_ptr=meta["leftpads"], seqlens_k_ptr=meta["seqlens_k"], rotary_starts_ptr=meta["rotary_starts"],
-        out_ptr=out, lse_ptr=lse,
-        **_row_strides("stride_q", q, packed), **_row_strides("stride_qv", qv, packed),
-        stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
-        stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
-        stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
-        stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
-        stride_descale=descales[0].stride(0) if fp8_descale else 0,
-        stride_os=out_strides[0], stride_ob=out_strides[1], stride_oh=out_strides[2], stride_ot=out_strides[3],
-        stride_ls=lse_strides[0], stride_lb=lse_strides[1], stride_lh=lse_strides[2], stride_lt=lse_strides[3],
-        softmax_scale=call.softmax_scale, softcap=call.softcap if call.softcap > 0 else 1.0,
-        window_left=call.window_size[0], window_right=call.window_size[1], chunk=call.attention_chunk,
-        has_sinks=int(call.sinks is not None), num_splits=num_splits,
-    )
-    constexprs = dict(
-        H_K=call.num_heads_k, G=g, D=call.head_dim, DV=call.head_dim_v,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        BLOCK_D=max(16, next_power_of_2(call.head_dim)), BLOCK_DV=max(16, next_power_of_2(call.head_dim_v)),
-        PAGED=call.paged,
-        HAS_QV=call.qv is not None and not call.only_qv, ONLY_QV=call.only_qv, SOFTCAP=call.softcap > 0,
-        # rotary switches only where they matter, so calls without rotary share one variant
-        ROTARY=rotary, INTERLEAVED=rotary and call.rotary_interleaved,
-        ROTARY_FIXED=rotary and call.rotary_q_fixed_position, HAS_DESCALE=fp8_descale,
-        COMPUTE_DTYPE=compute_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
-        ROUND_TO=explicit_rounding(out.dtype), Q_PARTS=rotated_q_parts(q.dtype) if rotary else 1,
-    )
-    grid = (m_blocks, call.batch_size * call.num_heads_k, num_splits)
-    return Launch(_split_states_kernel, grid, args, constexprs, num_warps=tiles.num_warps,
-                  num_stages=tiles.num_stages, dummy_device=vc.device)
-
-
-def _row_strides(prefix: str, x, packed: bool) -> dict[str, int]:
-    """``(batch, token, head)`` strides of q-like ``x``: batched ``(b, sq, h, dim)`` or packed
-    ``(total_q, h, dim)`` (batch stride 0; the token index already includes ``q_start``)."""
-    if x is None:
-        return {prefix + "b": 0, prefix + "t": 0, prefix + "h": 0}
-    b, t, h = (0, *x.stride()[:2]) if packed else x.stride()[:3]
-    return {prefix + "b": b, prefix + "t": t, prefix + "h": h}
-
-
-def _descale_or_ones(call, descale):
-    """A ``(b, h_k)`` fp32 descale factor, or ones when this one was not given."""
-    if descale is not None:
-        return descale
-    return torch.ones(call.batch_size, call.num_heads_k, dtype=torch.float32, device=call.q.device)

@@ -3,9 +3,10 @@
 Same math, signature and results as :func:`attn_ref.attention_backward` (see :mod:`attn_ref.backward`
 for the derivation). Per query row ``i`` and head ``h`` (KV head ``h // G``)::
 
-    P_ij  = exp(ℓ_ij - lse_i),  ℓ_ij = scale · q_i·k_j  (-inf where masked)
+    P_ij  = exp(ℓ_ij - lse_i),  ℓ_ij = scale · q_i·k_j, or softcap · tanh(scale · q_i·k_j / softcap)
+                                (-inf where masked)
     D_i   = dO_i · out_i - dlse_i
-    dS_ij = P_ij (dO_i · v_j - D_i)
+    dS_ij = P_ij (dO_i · v_j - D_i)  (· (1 - tanh²) with softcap)
     dV_j  = Σ_i P_ij dO_i      dK_j = scale · Σ_i dS_ij q_i      dQ_i = scale · Σ_j dS_ij k_j
 
 Three kernels, in FlashAttention-2's arrangement:
@@ -22,8 +23,13 @@ Both gradient kernels start from :func:`_head_pointers` (where a query head and 
 read tiles with :func:`_load_rows` and recompute ``P`` and ``dS`` with :func:`_probabilities` and
 :func:`_dscores`, the twins of the reference's pieces of the same names (:mod:`attn_ref.backward`).
 
-``causal`` is bottom-right aligned (row ``i`` sees keys ``j <= i + Sk - Sq``); query blocks before
-a key block's first visible row and key blocks after a query block's last visible key are skipped.
+The masks are the forward's, from :mod:`kernels.masks`, as runtime values (one compiled variant
+serves every mask): bottom-right ``causal`` (passed as ``window_right = 0``), the sliding window
+``(window_left, window_right)`` and ``chunk``, tested per tile by :func:`kernels.masks.visible_keys`.
+Tiles that no row sees are skipped with :func:`kernels.masks.tile_key_range`: the dQ program visits
+only the key blocks of its rows' ``[lo, hi)``, the dK/dV program skips each query block whose
+``[lo, hi)`` misses its keys. The logits are the forward's (:func:`kernels.attention._logits`, base 2);
+with ``SOFTCAP`` the ``dS`` of :func:`_dscores` is multiplied by ``1 - tanh²``.
 Probabilities and ``dS`` enter their matmuls in the tiles' dtype (fp16/bf16, as FlashAttention does;
 fp32 tiles use exact fp32 matmuls), every accumulator is fp32, and the LSE is used in base 2
 (``exp2(ℓ·log2 e - lse·log2 e)``). A row with ``lse = -inf`` (no visible key) gets ``P = 0``.
@@ -37,8 +43,107 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention import _logits
 from .launch import Launch, compute_dtype, dot_precision, next_power_of_2
+from .masks import tile_key_range, visible_keys
 from .numerics import LOG2E
+
+
+def attention_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
+    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1), attention_chunk: int = 0,
+    softcap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments and shapes).
+
+    Args:
+        dout: ``[B, Sq, H, Dv]``; q: ``[B, Sq, H, D]``; k: ``[B, Sk, Hkv, D]``; v: ``[B, Sk, Hkv, Dv]``
+            (fp16/bf16/fp32, one dtype; ``D, Dv <= 256``); out: ``[B, Sq, H, Dv]``; lse: ``[B, Sq, H]``.
+        softmax_scale, causal: the forward's (bottom-right causal).
+        dlse: ``[B, Sq, H]`` gradient of the LSE, or None.
+        grad_dtype: dtype of the returned gradients; default each input's own dtype.
+        window_size, attention_chunk, softcap: the forward's sliding window ``(left, right)`` (-1:
+            unbounded), chunk size and logit softcap (0 or None: off).
+
+    Returns:
+        ``(dq, dk, dv)`` in the shapes of q, k, v.
+    """
+    q, k, v, dout, out = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, dout, out))
+    b, sq, h, _ = q.shape
+    device = q.device
+    lse_bhs = lse.float().transpose(1, 2).contiguous()  # [B, H, Sq]: one row of stats per (batch, head)
+    delta = torch.empty(b, h, sq, dtype=torch.float32, device=device)
+    plan_preprocess(out, dout, None if dlse is None else dlse.float(), delta).run()
+    dq = torch.empty(q.shape, dtype=torch.float32, device=device)
+    dk = torch.empty(k.shape, dtype=torch.float32, device=device)
+    dv = torch.empty(v.shape, dtype=torch.float32, device=device)
+    masks = dict(causal=causal, window_size=window_size, attention_chunk=attention_chunk, softcap=softcap)
+    plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, **masks).run()
+    plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, **masks).run()
+    return dq.to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype), dv.to(grad_dtype or v.dtype)
+
+
+def plan_preprocess(out, dout, dlse, delta) -> Launch:
+    """``delta [B, H, Sq] = rowsum(dout · out) - dlse`` (``dlse`` None: no LSE gradient)."""
+    b, sq, h, dv = out.shape
+    block_dv = max(16, next_power_of_2(dv))
+    block_m = max(1, min(64, 8192 // block_dv))
+    args = dict(**_pointer("out", "o", out), **_pointer("dout", "d", dout), **_pointer("dlse", "l", dlse),
+                delta_ptr=delta, seqlen_q=sq, nheads=h)
+    constexprs = dict(DV=dv, BLOCK_M=block_m, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None)
+    return Launch(_preprocess_kernel, (triton.cdiv(sq, block_m), b * h), args, constexprs,
+                  num_warps=4, num_stages=1, dummy_device=out.device)
+
+
+def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, **masks) -> Launch:
+    """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch, KV head)."""
+    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks)
+    args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes, nheads_k=k.shape[2],
+                **mask_args)
+    grid = (triton.cdiv(k.shape[1], constexprs["BLOCK_N"]), k.shape[0] * k.shape[2])
+    return Launch(_dkdv_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
+
+
+def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, **masks) -> Launch:
+    """``dq`` (fp32, shape of q) over query blocks of ``BLOCK_M``, one program per (batch, head)."""
+    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks)
+    args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2], **mask_args)
+    grid = (triton.cdiv(q.shape[1], constexprs["BLOCK_M"]), q.shape[0] * q.shape[2])
+    return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
+
+
+def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks) -> tuple[dict, dict, dict]:
+    """``(inputs, sizes, constexprs)``: the arguments the dK/dV and dQ kernels share, in their order;
+    ``masks``: the forward's ``dict(causal=, window_size=, attention_chunk=, softcap=)`` (absent: off)."""
+    d, dv = q.shape[-1], v.shape[-1]
+    block_m, block_n = _blocks(max(d, dv))
+    inputs = dict(**_pointer("q", "q", q), **_pointer("k", "k", k), **_pointer("v", "v", v),
+                  **_pointer("dout", "do", dout), lse_ptr=lse_bhs, delta_ptr=delta)
+    window_left, window_right = masks.get("window_size", (-1, -1))
+    softcap = float(masks.get("softcap") or 0.0)
+    sizes = dict(seqlen_q=q.shape[1], seqlen_k=k.shape[1], softmax_scale=float(softmax_scale),
+                 softcap=softcap if softcap > 0 else 1.0)
+    mask_args = dict(window_left=int(window_left), window_right=0 if masks.get("causal") else int(window_right),
+                     chunk=int(masks.get("attention_chunk") or 0))
+    constexprs = dict(
+        GROUP=q.shape[2] // k.shape[2], SOFTCAP=softcap > 0, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=max(16, next_power_of_2(d)), BLOCK_DV=max(16, next_power_of_2(dv)),
+        DTYPE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
+    )
+    return inputs, sizes, mask_args, constexprs
+
+
+def _blocks(head_dim: int) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)``: smaller tiles for wide heads (the dK/dV program holds four ``[N, D]`` tiles)."""
+    return (64, 64) if head_dim <= 64 else (32, 32) if head_dim <= 128 else (16, 16)
+
+
+def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
+    """``<name>_ptr`` and ``stride_<prefix>b/s/h`` of a ``[B, S, H, ...]`` tensor, as the kernels take them
+    (strides 0 for None, a tensor the kernel does not read)."""
+    strides = x.stride()[:3] if x is not None else (0, 0, 0)
+    return {f"{name}_ptr": x, **{f"stride_{prefix}{axis}": stride for axis, stride in zip("bsh", strides)}}
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
@@ -63,6 +168,94 @@ def _preprocess_kernel(
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + b * stride_lb + offs_m * stride_ls + h * stride_lh, mask=row_mask, other=0.0)
     tl.store(delta_ptr + pid_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=row_mask)
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "window_left", "window_right", "chunk"])
+def _dkdv_kernel(
+    q_ptr, stride_qb, stride_qs, stride_qh,  # [B, Sq, H, D]
+    k_ptr, stride_kb, stride_ks, stride_kh,  # [B, Sk, Hkv, D]
+    v_ptr, stride_vb, stride_vs, stride_vh,  # [B, Sk, Hkv, Dv]
+    dout_ptr, stride_dob, stride_dos, stride_doh,  # [B, Sq, H, Dv]
+    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
+    dk_ptr, stride_dkb, stride_dks, stride_dkh,  # [B, Sk, Hkv, D] fp32 output
+    dv_ptr, stride_dvb, stride_dvs, stride_dvh,  # [B, Sk, Hkv, Dv] fp32 output
+    seqlen_q, seqlen_k, softmax_scale, softcap, nheads_k,
+    window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
+    chunk,  # attention_chunk, 0 = off
+    GROUP: tl.constexpr, SOFTCAP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """``dK``, ``dV`` of ``BLOCK_N`` keys of one (batch, KV head), summed over its ``GROUP`` query heads."""
+    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, hk = (pid_bh // nheads_k).to(tl.int64), (pid_bh % nheads_k).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    n_end = tl.minimum(pid_n * BLOCK_N + BLOCK_N, seqlen_k)  # one past this program's last key
+    for g in range(GROUP):  # the query heads of this KV head (GQA): dK/dV sum over them
+        q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
+            q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh, v_ptr, stride_vb, stride_vh,
+            dout_ptr, stride_dob, stride_doh, lse_ptr, delta_ptr, b, hk * GROUP + g, nheads_k * GROUP, seqlen_q, GROUP)
+        # the same k, v tiles for every g: one load per query head, beside the Sq / BLOCK_M q tiles it streams
+        k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
+        v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
+        for m0 in range(0, seqlen_q, BLOCK_M):
+            # the keys some row of this query block sees, among this program's: none, skip the block
+            lo, hi, _, _ = tile_key_range(m0, tl.minimum(m0 + BLOCK_M, seqlen_q), seqlen_q, seqlen_k,
+                                          pid_n * BLOCK_N, n_end, window_left, window_right, chunk)
+            if lo < hi:
+                offs_m = m0 + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
+                q = _load_rows(q_head, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
+                do = _load_rows(do_head, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
+                lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
+                p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale,
+                                                 softcap, window_left, window_right, chunk, SOFTCAP, PRECISION)
+                dv += tl.dot(tl.trans(p.to(DTYPE)), do, input_precision=PRECISION)  # dV = Pᵀ dO
+                ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
+                dk += tl.dot(tl.trans(ds.to(DTYPE)), q, input_precision=PRECISION)  # dK = dSᵀ Q (· scale)
+    _store_rows(dk_ptr + b * stride_dkb + hk * stride_dkh, dk * softmax_scale, offs_n, seqlen_k, stride_dks, D, BLOCK_D)
+    _store_rows(dv_ptr + b * stride_dvb + hk * stride_dvh, dv, offs_n, seqlen_k, stride_dvs, DV, BLOCK_DV)
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "window_left", "window_right", "chunk"])
+def _dq_kernel(
+    q_ptr, stride_qb, stride_qs, stride_qh,  # [B, Sq, H, D]
+    k_ptr, stride_kb, stride_ks, stride_kh,  # [B, Sk, Hkv, D]
+    v_ptr, stride_vb, stride_vs, stride_vh,  # [B, Sk, Hkv, Dv]
+    dout_ptr, stride_dob, stride_dos, stride_doh,  # [B, Sq, H, Dv]
+    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
+    dq_ptr, stride_dqb, stride_dqs, stride_dqh,  # [B, Sq, H, D] fp32 output
+    seqlen_q, seqlen_k, softmax_scale, softcap, nheads,
+    window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
+    chunk,  # attention_chunk, 0 = off
+    GROUP: tl.constexpr, SOFTCAP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """``dQ`` of ``BLOCK_M`` query rows of one (batch, head), over the key blocks the rows can see."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = (pid_bh // nheads).to(tl.int64), (pid_bh % nheads).to(tl.int64)
+    q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
+        q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh, v_ptr, stride_vb, stride_vh,
+        dout_ptr, stride_dob, stride_doh, lse_ptr, delta_ptr, b, h, nheads, seqlen_q, GROUP)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
+    q = _load_rows(q_head, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
+    do = _load_rows(do_head, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
+    lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # the keys some row of this block sees, [lo, hi), visited in whole blocks of BLOCK_N
+    lo, hi, _, _ = tile_key_range(pid_m * BLOCK_M, tl.minimum(pid_m * BLOCK_M + BLOCK_M, seqlen_q), seqlen_q,
+                                  seqlen_k, 0, seqlen_k, window_left, window_right, chunk)
+    for n0 in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
+        k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
+        v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
+        p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
+                                         window_left, window_right, chunk, SOFTCAP, PRECISION)
+        ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
+        dq += tl.dot(ds.to(DTYPE), k, input_precision=PRECISION)  # dQ = dS K (· scale)
+    _store_rows(dq_ptr + b * stride_dqb + h * stride_dqh, dq * softmax_scale, offs_m, seqlen_q, stride_dqs, D, BLOCK_D)
 
 
 @triton.jit
@@ -108,191 +301,35 @@ def _row_stats(lse_ptr, delta_ptr, offs_m, seqlen_q):
 
 
 @triton.jit
-def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, CAUSAL: tl.constexpr,
-                   PRECISION: tl.constexpr):
-    """``P`` (BLOCK_M, BLOCK_N) fp32 of q rows ``offs_m`` over keys ``offs_n`` (0 where masked).
+def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
+                   window_left, window_right, chunk, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """``P`` (BLOCK_M, BLOCK_N) fp32 of q rows ``offs_m`` over keys ``offs_n`` (0 where masked), and the
+    softcap's factor ``1 - tanh²`` of ``dS`` (same shape; ``P`` itself, unread, without SOFTCAP).
 
-    ``q`` (BLOCK_M, BLOCK_D), ``k`` (BLOCK_N, BLOCK_D), ``lse`` (BLOCK_M,) natural log; ``qk_scale`` is
-    ``softmax_scale · log2 e``, so ``P = exp2(s · qk_scale - lse · log2 e)``.
+    ``q`` (BLOCK_M, BLOCK_D), ``k`` (BLOCK_N, BLOCK_D), ``lse`` (BLOCK_M,) natural log. The logits are
+    the forward's in base 2, ``t = ℓ · log2 e`` (:func:`kernels.attention._logits`), so
+    ``P = exp2(t - lse · log2 e)`` and ``tanh = t / (softcap · log2 e)``.
     """
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
+    t = _logits(tl.dot(q, tl.trans(k), input_precision=PRECISION), softmax_scale, softcap, SOFTCAP)
+    diag = offs_m + (seqlen_k - seqlen_q)  # (BLOCK_M,) i + Δ
     visible = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
-    if CAUSAL:
-        visible &= offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q)
-    return tl.where(visible, tl.exp2(s * qk_scale - lse[:, None] * LOG2E), 0.0)
+    visible &= visible_keys(offs_n, diag, window_left, window_right, chunk)  # (BLOCK_M, BLOCK_N)
+    p = tl.where(visible, tl.exp2(t - lse[:, None] * LOG2E), 0.0)
+    if SOFTCAP:
+        tanh = t / (softcap * LOG2E)
+        softcap_grad = 1.0 - tanh * tanh
+    else:
+        softcap_grad = p
+    return p, softcap_grad
 
 
 @triton.jit
-def _dscores(p, do, v, delta, PRECISION: tl.constexpr):
-    """``dS = P (dP - D)`` (BLOCK_M, BLOCK_N) fp32 with ``dP = dO Vᵀ``: ``p`` (BLOCK_M, BLOCK_N),
-    ``do`` (BLOCK_M, BLOCK_DV), ``v`` (BLOCK_N, BLOCK_DV), ``delta`` (BLOCK_M,)."""
+def _dscores(p, do, v, delta, softcap_grad, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """``dS = P (dP - D)`` (BLOCK_M, BLOCK_N) fp32 with ``dP = dO Vᵀ``, times ``softcap_grad`` with SOFTCAP:
+    ``p``, ``softcap_grad`` (BLOCK_M, BLOCK_N), ``do`` (BLOCK_M, BLOCK_DV), ``v`` (BLOCK_N, BLOCK_DV),
+    ``delta`` (BLOCK_M,)."""
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
-    return p * (dp - delta[:, None])
-
-
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
-def _dkdv_kernel(
-    q_ptr, stride_qb, stride_qs, stride_qh,  # [B, Sq, H, D]
-    k_ptr, stride_kb, stride_ks, stride_kh,  # [B, Sk, Hkv, D]
-    v_ptr, stride_vb, stride_vs, stride_vh,  # [B, Sk, Hkv, Dv]
-    dout_ptr, stride_dob, stride_dos, stride_doh,  # [B, Sq, H, Dv]
-    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
-    dk_ptr, stride_dkb, stride_dks, stride_dkh,  # [B, Sk, Hkv, D] fp32 output
-    dv_ptr, stride_dvb, stride_dvs, stride_dvh,  # [B, Sk, Hkv, Dv] fp32 output
-    seqlen_q, seqlen_k, softmax_scale, nheads_k,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-):
-    """``dK``, ``dV`` of ``BLOCK_N`` keys of one (batch, KV head), summed over its ``GROUP`` query heads."""
-    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
-    b, hk = (pid_bh // nheads_k).to(tl.int64), (pid_bh % nheads_k).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    m_start = 0
-    if CAUSAL:  # the first row that sees key pid_n·BLOCK_N, rounded down to a block
-        m_start = (tl.maximum(pid_n * BLOCK_N - (seqlen_k - seqlen_q), 0) // BLOCK_M) * BLOCK_M
-    qk_scale = softmax_scale * LOG2E
-    for g in range(GROUP):  # the query heads of this KV head (GQA): dK/dV sum over them
-        q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
-            q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh, v_ptr, stride_vb, stride_vh,
-            dout_ptr, stride_dob, stride_doh, lse_ptr, delta_ptr, b, hk * GROUP + g, nheads_k * GROUP, seqlen_q, GROUP)
-        # the same k, v tiles for every g: one load per query head, beside the Sq / BLOCK_M q tiles it streams
-        k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
-        v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
-        for m0 in range(m_start, seqlen_q, BLOCK_M):
-            offs_m = m0 + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
-            q = _load_rows(q_head, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
-            do = _load_rows(do_head, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
-            lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
-            p = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, CAUSAL, PRECISION)
-            dv += tl.dot(tl.trans(p.to(DTYPE)), do, input_precision=PRECISION)  # dV = Pᵀ dO
-            ds = _dscores(p, do, v, delta, PRECISION)
-            dk += tl.dot(tl.trans(ds.to(DTYPE)), q, input_precision=PRECISION)  # dK = dSᵀ Q (· scale)
-    _store_rows(dk_ptr + b * stride_dkb + hk * stride_dkh, dk * softmax_scale, offs_n, seqlen_k, stride_dks, D, BLOCK_D)
-    _store_rows(dv_ptr + b * stride_dvb + hk * stride_dvh, dv, offs_n, seqlen_k, stride_dvs, DV, BLOCK_DV)
-
-
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
-def _dq_kernel(
-    q_ptr, stride_qb, stride_qs, stride_qh,  # [B, Sq, H, D]
-    k_ptr, stride_kb, stride_ks, stride_kh,  # [B, Sk, Hkv, D]
-    v_ptr, stride_vb, stride_vs, stride_vh,  # [B, Sk, Hkv, Dv]
-    dout_ptr, stride_dob, stride_dos, stride_doh,  # [B, Sq, H, Dv]
-    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
-    dq_ptr, stride_dqb, stride_dqs, stride_dqh,  # [B, Sq, H, D] fp32 output
-    seqlen_q, seqlen_k, softmax_scale, nheads,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-):
-    """``dQ`` of ``BLOCK_M`` query rows of one (batch, head), over the key blocks the rows can see."""
-    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    b, h = (pid_bh // nheads).to(tl.int64), (pid_bh % nheads).to(tl.int64)
-    q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
-        q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh, v_ptr, stride_vb, stride_vh,
-        dout_ptr, stride_dob, stride_doh, lse_ptr, delta_ptr, b, h, nheads, seqlen_q, GROUP)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
-    q = _load_rows(q_head, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
-    do = _load_rows(do_head, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
-    lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    n_end = seqlen_k
-    if CAUSAL:  # one past the last key the block's last row sees
-        n_end = tl.minimum(seqlen_k, tl.maximum(pid_m * BLOCK_M + BLOCK_M + (seqlen_k - seqlen_q), 0))
-    qk_scale = softmax_scale * LOG2E
-    for n0 in range(0, n_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
-        k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
-        v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
-        p = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, CAUSAL, PRECISION)
-        ds = _dscores(p, do, v, delta, PRECISION)
-        dq += tl.dot(ds.to(DTYPE), k, input_precision=PRECISION)  # dQ = dS K (· scale)
-    _store_rows(dq_ptr + b * stride_dqb + h * stride_dqh, dq * softmax_scale, offs_m, seqlen_q, stride_dqs, D, BLOCK_D)
-
-
-def _blocks(head_dim: int) -> tuple[int, int]:
-    """``(BLOCK_M, BLOCK_N)``: smaller tiles for wide heads (the dK/dV program holds four ``[N, D]`` tiles)."""
-    return (64, 64) if head_dim <= 64 else (32, 32) if head_dim <= 128 else (16, 16)
-
-
-def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
-    """``<name>_ptr`` and ``stride_<prefix>b/s/h`` of a ``[B, S, H, ...]`` tensor, as the kernels take them
-    (strides 0 for None, a tensor the kernel does not read)."""
-    strides = x.stride()[:3] if x is not None else (0, 0, 0)
-    return {f"{name}_ptr": x, **{f"stride_{prefix}{axis}": stride for axis, stride in zip("bsh", strides)}}
-
-
-def plan_preprocess(out, dout, dlse, delta) -> Launch:
-    """``delta [B, H, Sq] = rowsum(dout · out) - dlse`` (``dlse`` None: no LSE gradient)."""
-    b, sq, h, dv = out.shape
-    block_dv = max(16, next_power_of_2(dv))
-    block_m = max(1, min(64, 8192 // block_dv))
-    args = dict(**_pointer("out", "o", out), **_pointer("dout", "d", dout), **_pointer("dlse", "l", dlse),
-                delta_ptr=delta, seqlen_q=sq, nheads=h)
-    constexprs = dict(DV=dv, BLOCK_M=block_m, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None)
-    return Launch(_preprocess_kernel, (triton.cdiv(sq, block_m), b * h), args, constexprs,
-                  num_warps=4, num_stages=1, dummy_device=out.device)
-
-
-def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, causal) -> tuple[dict, dict, dict]:
-    """``(inputs, sizes, constexprs)``: the arguments the dK/dV and dQ kernels share, in their order."""
-    d, dv = q.shape[-1], v.shape[-1]
-    block_m, block_n = _blocks(max(d, dv))
-    inputs = dict(**_pointer("q", "q", q), **_pointer("k", "k", k), **_pointer("v", "v", v),
-                  **_pointer("dout", "do", dout), lse_ptr=lse_bhs, delta_ptr=delta)
-    sizes = dict(seqlen_q=q.shape[1], seqlen_k=k.shape[1], softmax_scale=float(softmax_scale))
-    constexprs = dict(
-        GROUP=q.shape[2] // k.shape[2], CAUSAL=bool(causal), D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=max(16, next_power_of_2(d)), BLOCK_DV=max(16, next_power_of_2(dv)),
-        DTYPE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
-    )
-    return inputs, sizes, constexprs
-
-
-def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, causal) -> Launch:
-    """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch, KV head)."""
-    inputs, sizes, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, causal)
-    args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes, nheads_k=k.shape[2])
-    grid = (triton.cdiv(k.shape[1], constexprs["BLOCK_N"]), k.shape[0] * k.shape[2])
-    return Launch(_dkdv_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
-
-
-def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, causal) -> Launch:
-    """``dq`` (fp32, shape of q) over query blocks of ``BLOCK_M``, one program per (batch, head)."""
-    inputs, sizes, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, causal)
-    args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2])
-    grid = (triton.cdiv(q.shape[1], constexprs["BLOCK_M"]), q.shape[0] * q.shape[2])
-    return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
-
-
-def attention_backward(
-    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
-    grad_dtype: Optional[torch.dtype] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments and shapes).
-
-    Args:
-        dout: ``[B, Sq, H, Dv]``; q: ``[B, Sq, H, D]``; k: ``[B, Sk, Hkv, D]``; v: ``[B, Sk, Hkv, Dv]``
-            (fp16/bf16/fp32, one dtype; ``D, Dv <= 256``); out: ``[B, Sq, H, Dv]``; lse: ``[B, Sq, H]``.
-        softmax_scale, causal: the forward's (bottom-right causal).
-        dlse: ``[B, Sq, H]`` gradient of the LSE, or None.
-        grad_dtype: dtype of the returned gradients; default each input's own dtype.
-
-    Returns:
-        ``(dq, dk, dv)`` in the shapes of q, k, v.
-    """
-    q, k, v, dout, out = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, dout, out))
-    b, sq, h, _ = q.shape
-    device = q.device
-    lse_bhs = lse.float().transpose(1, 2).contiguous()  # [B, H, Sq]: one row of stats per (batch, head)
-    delta = torch.empty(b, h, sq, dtype=torch.float32, device=device)
-    plan_preprocess(out, dout, None if dlse is None else dlse.float(), delta).run()
-    dq = torch.empty(q.shape, dtype=torch.float32, device=device)
-    dk = torch.empty(k.shape, dtype=torch.float32, device=device)
-    dv = torch.empty(v.shape, dtype=torch.float32, device=device)
-    plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, causal).run()
-    plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, causal).run()
-    return dq.to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype), dv.to(grad_dtype or v.dtype)
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * softcap_grad
+    return ds

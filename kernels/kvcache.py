@@ -20,9 +20,9 @@ always takes one split, the kernels choose ``n`` with :func:`kernels.splits.choo
 return the partials whenever that ``n`` is above 1.
 
 **No host reads.** Per-batch lengths and offsets reach the kernels as ``(b,)`` int32 device tensors
-(:func:`batch_metadata`), computed on the device from the index arguments with torch ops
-(:func:`attn_ref.validation.batch_table`). The launches are sized from shapes and static bounds
-only, as FA3's are: query tiles from ``sq`` (varlen: ``max_seqlen_q``, at most ``total_q``), append
+(``call.batch``, the :class:`attn_ref.call.BatchTable` the reference reads as Python ints), computed on
+the device from the index arguments with torch ops (:func:`attn_ref.call.batch_table`). The launches
+are sized from shapes and static bounds only, as FA3's are: query tiles from ``sq`` (varlen: ``max_seqlen_q``, at most ``total_q``), append
 blocks from ``k``'s token axis, the ``num_splits=0`` heuristic from the cache capacity (not the
 actual longest sequence); programs past a batch entry's rows, keys or new tokens exit at once. So
 without the value checks a call reads no device value on the host and can be captured in a CUDA
@@ -40,7 +40,8 @@ from typing import Optional, Union
 
 import torch
 
-from attn_ref.validation import BATCH_FIELDS, KVCacheCall, check_kvcache_args
+from attn_ref.call import KVCacheCall
+from attn_ref.validation import check_kvcache_args
 from attn_ref.error_notes import catalogued
 
 from .append import plan_append_kv
@@ -120,13 +121,6 @@ def flash_attn_with_kvcache(
     return result
 
 
-def batch_metadata(call: KVCacheCall) -> dict[str, torch.Tensor]:
-    """The per-batch values of ``call`` (:data:`attn_ref.validation.BATCH_FIELDS`) as ``(b,)`` int32
-    tensors on q's device: the rows of ``call.batch`` (int32 already, but for an out-of-range int
-    ``cache_seqlens``, converted on the device)."""
-    return dict(zip(BATCH_FIELDS, call.batch.to(torch.int32)))
-
-
 def plan_kvcache(call: KVCacheCall):
     """Plan a validated call: ``(launches, (out, lse, out_accum, lse_accum))``.
 
@@ -134,13 +128,12 @@ def plan_kvcache(call: KVCacheCall):
     attention, combine). ``tests/test_kernel_compile.py`` compiles these same launches for sm_90/sm_80.
     """
     call = _kernel_ready(call)
-    meta = batch_metadata(call)
-    append = plan_append_kv(call, meta)
-    launches, results = plan_attend(call, meta)
+    append = plan_append_kv(call)
+    launches, results = plan_attend(call)
     return ([append] if append is not None else []) + launches, results
 
 
-def attend(call: KVCacheCall, meta: dict):
+def attend(call: KVCacheCall):
     """Run the attention (and split combine) of a validated call whose new tokens are already in the
     cache: the device work after the append, without validation (:func:`flash_attn_with_kvcache`
     is itself capturable in a CUDA graph; this is its attention part alone).
@@ -148,25 +141,23 @@ def attend(call: KVCacheCall, meta: dict):
     Example::
 
         call = attn_ref.check_kvcache_args(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
-        meta = batch_metadata(call)
-        out, lse, out_accum, lse_accum = attend(call, meta)
+        out, lse, out_accum, lse_accum = attend(call)
 
     Args:
         call: a validated call (:func:`attn_ref.check_kvcache_args`), with no new tokens to append
             or with them already written into the cache.
-        meta: :func:`batch_metadata` of ``call``: its per-batch lengths as ``(b,)`` int32 tensors.
 
     Returns:
         ``(out, lse, out_accum, lse_accum)`` with the shapes and dtypes of
         :func:`flash_attn_with_kvcache` with ``return_softmax_lse=True``.
     """
-    launches, results = plan_attend(_kernel_ready(call), meta)
+    launches, results = plan_attend(_kernel_ready(call))
     for launch in launches:
         launch.run()
     return results
 
 
-def plan_attend(call: KVCacheCall, meta: dict):
+def plan_attend(call: KVCacheCall):
     """Attention launches and their result tensors ``(out, lse, out_accum, lse_accum)`` (module docstring)."""
     h, dv, device, total_q = call.num_heads, call.head_dim_v, call.v_cache.device, call.total_q
     tiles = attention_tiles(call.num_heads // call.num_heads_k, call.seqlen_q_bound, call.head_dim, dv)
@@ -195,11 +186,11 @@ def plan_attend(call: KVCacheCall, meta: dict):
     if total_q == 0 or h == 0:
         return [], results
     if n == 1:
-        return [plan_attention(call, meta, out_view[None], lse_view[None], 1, tiles)], results
+        return [plan_attention(call, out_view[None], lse_view[None], 1, tiles)], results
     accum_view = accum if not call.varlen_q else accum[:, None]  # (n, A0, h, rows, dv)
     lse_accum_view = lse_accum if not call.varlen_q else lse_accum[:, None]  # (n, A0, h, rows)
     return [
-        plan_attention(call, meta, accum_view, lse_accum_view, n, tiles),
+        plan_attention(call, accum_view, lse_accum_view, n, tiles),
         plan_merge(accum_view[0], lse_accum_view[0], accum_view[1:], lse_accum_view[1:], out_view, lse_view),
     ], results
 
@@ -223,7 +214,8 @@ def _per_head_rows(call: KVCacheCall, out: torch.Tensor, lse: torch.Tensor):
 
 def _kernel_ready(call: KVCacheCall) -> KVCacheCall:
     """``call`` with the tensors the kernels read given a contiguous last axis (copies only if not),
-    rotary tables and descales fully contiguous (they share one stride)."""
+    rotary tables and descales fully contiguous (they share one stride), the per-batch table int32
+    (:meth:`attn_ref.call.BatchTable.int32`)."""
     def last_dim_contiguous(x):
         return x if x is None or x.stride(-1) == 1 else x.contiguous()
 
@@ -236,5 +228,5 @@ def _kernel_ready(call: KVCacheCall) -> KVCacheCall:
         qv=last_dim_contiguous(call.qv), page_table=last_dim_contiguous(call.page_table),
         rotary_cos=contiguous(call.rotary_cos), rotary_sin=contiguous(call.rotary_sin),
         q_descale=contiguous(call.q_descale), k_descale=contiguous(call.k_descale),
-        v_descale=contiguous(call.v_descale), sinks=contiguous(call.sinks),
+        v_descale=contiguous(call.v_descale), sinks=contiguous(call.sinks), batch=call.batch.int32(),
     )

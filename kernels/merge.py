@@ -35,97 +35,6 @@ from .launch import Launch, next_power_of_2, explicit_rounding
 from .numerics import store_as
 
 
-@triton.jit
-def _load_state(out_ptrs, lse_ptrs, mask, row_mask):
-    """Load ``o`` (R, BLOCK_DIM) and ``lse`` (R,) as fp32, with ``+inf`` LSEs read as ``-inf``."""
-    o = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
-    lse = tl.load(lse_ptrs, mask=row_mask, other=float("-inf")).to(tl.float32)
-    return o, tl.where(lse == float("inf"), float("-inf"), lse)
-
-
-@triton.jit
-def _merge_pair(o_a, lse_a, o_b, lse_b):
-    """``(o_a, lse_a) ⊕ (o_b, lse_b)`` on (R, BLOCK_DIM) / (R,) fp32 tiles, stable form."""
-    m = tl.maximum(lse_a, lse_b)
-    shift = tl.where(m == float("-inf"), 0.0, m)  # both empty: weights 0, not NaN
-    w_a = tl.exp(lse_a - shift)
-    w_b = tl.exp(lse_b - shift)
-    total = w_a + w_b
-    inv = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
-    o = (w_a * inv)[:, None] * o_a + (w_b * inv)[:, None] * o_b
-    lse = tl.where(total > 0.0, shift + tl.log(tl.where(total > 0.0, total, 1.0)), float("-inf"))
-    return o, lse
-
-
-@triton.jit(do_not_specialize=["num_rest", "rows"])
-def _merge_states_kernel(
-    first_out_ptr,  # (A0, A1, A2, dim): state 0
-    first_lse_ptr,  # (A0, A1, A2)
-    rest_out_ptr,  # (n - 1, A0, A1, A2, dim): states 1 .. n-1
-    rest_lse_ptr,  # (n - 1, A0, A1, A2)
-    out_ptr,  # (A0, A1, A2, dim) merged output, any float dtype
-    lse_ptr,  # (A0, A1, A2) fp32 merged LSE
-    num_rest,  # n - 1
-    rows,  # A2
-    stride_fo0, stride_fo1, stride_fo2,  # first_out strides (last dim contiguous)
-    stride_fl0, stride_fl1, stride_fl2,
-    stride_ros, stride_ro0, stride_ro1, stride_ro2,  # rest_out strides
-    stride_rls, stride_rl0, stride_rl1, stride_rl2,
-    stride_o0, stride_o1, stride_o2,
-    stride_l0, stride_l1, stride_l2,
-    DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DIM: tl.constexpr, ROUND_TO: tl.constexpr,
-):
-    pid_r, a1, a0 = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
-    offs_r = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # (BLOCK_R,) index along A2
-    offs_d = tl.arange(0, BLOCK_DIM)  # (BLOCK_DIM,)
-    row_mask = offs_r < rows  # (BLOCK_R,)
-    mask = row_mask[:, None] & (offs_d[None, :] < DIM)  # (BLOCK_R, BLOCK_DIM)
-
-    o, lse = _load_state(
-        first_out_ptr + a0 * stride_fo0 + a1 * stride_fo1 + offs_r[:, None] * stride_fo2 + offs_d[None, :],
-        first_lse_ptr + a0 * stride_fl0 + a1 * stride_fl1 + offs_r * stride_fl2, mask, row_mask,
-    )  # (BLOCK_R, BLOCK_DIM), (BLOCK_R,)
-    rest_out_ptrs = (rest_out_ptr + a0 * stride_ro0 + a1 * stride_ro1 + offs_r[:, None] * stride_ro2
-                     + offs_d[None, :])  # (BLOCK_R, BLOCK_DIM) state 1
-    rest_lse_ptrs = rest_lse_ptr + a0 * stride_rl0 + a1 * stride_rl1 + offs_r * stride_rl2  # (BLOCK_R,)
-    for _ in range(num_rest):
-        o_s, lse_s = _load_state(rest_out_ptrs, rest_lse_ptrs, mask, row_mask)
-        o, lse = _merge_pair(o, lse, o_s, lse_s)
-        rest_out_ptrs += stride_ros  # next state (64-bit pointer arithmetic)
-        rest_lse_ptrs += stride_rls
-
-    out_ptrs = out_ptr + a0 * stride_o0 + a1 * stride_o1 + offs_r[:, None] * stride_o2 + offs_d[None, :]
-    store_as(out_ptrs, o, mask, ROUND_TO)
-    tl.store(lse_ptr + a0 * stride_l0 + a1 * stride_l1 + offs_r * stride_l2, lse, mask=row_mask)
-
-
-def plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse) -> Launch:
-    """Launch that folds state 0 with states ``1..n-1`` into ``(out, lse)``.
-
-    Shapes: ``first_out (A0, A1, A2, dim)``, ``first_lse (A0, A1, A2)``, ``rest_out (n-1, A0, A1, A2, dim)``,
-    ``rest_lse (n-1, A0, A1, A2)``, ``out (A0, A1, A2, dim)`` (any float dtype), ``lse (A0, A1, A2)``
-    fp32. Every ``dim`` axis must have stride 1.
-    """
-    a0, a1, a2, dim = out.shape
-    block_dim = max(16, next_power_of_2(dim))
-    block_r = max(1, min(64, 4096 // block_dim))  # rows per program (fixed: fewer compiled variants)
-    args = dict(
-        first_out_ptr=first_out, first_lse_ptr=first_lse, rest_out_ptr=rest_out, rest_lse_ptr=rest_lse,
-        out_ptr=out, lse_ptr=lse, num_rest=rest_out.shape[0], rows=a2,
-        **_strides("stride_fo", first_out.stride()[:3]), **_strides("stride_fl", first_lse.stride()),
-        **_strides("stride_ro", rest_out.stride()[:4], ("s", "0", "1", "2")),
-        **_strides("stride_rl", rest_lse.stride(), ("s", "0", "1", "2")),
-        **_strides("stride_o", out.stride()[:3]), **_strides("stride_l", lse.stride()),
-    )
-    constexprs = dict(DIM=dim, BLOCK_R=block_r, BLOCK_DIM=block_dim, ROUND_TO=explicit_rounding(out.dtype))
-    return Launch(_merge_states_kernel, (triton.cdiv(a2, block_r), a1, a0), args, constexprs,
-                  num_warps=4, num_stages=1, dummy_device=out.device)
-
-
-def _strides(prefix: str, strides, axes=("0", "1", "2")) -> dict[str, int]:
-    return {prefix + axis: stride for axis, stride in zip(axes, strides)}
-
-
 @catalogued
 def merge_attention_states(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
@@ -173,3 +82,94 @@ def _fold(first_out, first_lse, rest_out, rest_lse, out_shape):
     if out.numel() > 0:
         plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse).run()
     return out.view(out_shape), lse.view(out_shape[:-1])
+
+
+def plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse) -> Launch:
+    """Launch that folds state 0 with states ``1..n-1`` into ``(out, lse)``.
+
+    Shapes: ``first_out (A0, A1, A2, dim)``, ``first_lse (A0, A1, A2)``, ``rest_out (n-1, A0, A1, A2, dim)``,
+    ``rest_lse (n-1, A0, A1, A2)``, ``out (A0, A1, A2, dim)`` (any float dtype), ``lse (A0, A1, A2)``
+    fp32. Every ``dim`` axis must have stride 1.
+    """
+    a0, a1, a2, dim = out.shape
+    block_dim = max(16, next_power_of_2(dim))
+    block_r = max(1, min(64, 4096 // block_dim))  # rows per program (fixed: fewer compiled variants)
+    args = dict(
+        first_out_ptr=first_out, first_lse_ptr=first_lse, rest_out_ptr=rest_out, rest_lse_ptr=rest_lse,
+        out_ptr=out, lse_ptr=lse, num_rest=rest_out.shape[0], rows=a2,
+        **_strides("stride_fo", first_out.stride()[:3]), **_strides("stride_fl", first_lse.stride()),
+        **_strides("stride_ro", rest_out.stride()[:4], ("s", "0", "1", "2")),
+        **_strides("stride_rl", rest_lse.stride(), ("s", "0", "1", "2")),
+        **_strides("stride_o", out.stride()[:3]), **_strides("stride_l", lse.stride()),
+    )
+    constexprs = dict(DIM=dim, BLOCK_R=block_r, BLOCK_DIM=block_dim, ROUND_TO=explicit_rounding(out.dtype))
+    return Launch(_merge_states_kernel, (triton.cdiv(a2, block_r), a1, a0), args, constexprs,
+                  num_warps=4, num_stages=1, dummy_device=out.device)
+
+
+def _strides(prefix: str, strides, axes=("0", "1", "2")) -> dict[str, int]:
+    return {prefix + axis: stride for axis, stride in zip(axes, strides)}
+
+
+@triton.jit(do_not_specialize=["num_rest", "rows"])
+def _merge_states_kernel(
+    first_out_ptr,  # (A0, A1, A2, dim): state 0
+    first_lse_ptr,  # (A0, A1, A2)
+    rest_out_ptr,  # (n - 1, A0, A1, A2, dim): states 1 .. n-1
+    rest_lse_ptr,  # (n - 1, A0, A1, A2)
+    out_ptr,  # (A0, A1, A2, dim) merged output, any float dtype
+    lse_ptr,  # (A0, A1, A2) fp32 merged LSE
+    num_rest,  # n - 1
+    rows,  # A2
+    stride_fo0, stride_fo1, stride_fo2,  # first_out strides (last dim contiguous)
+    stride_fl0, stride_fl1, stride_fl2,
+    stride_ros, stride_ro0, stride_ro1, stride_ro2,  # rest_out strides
+    stride_rls, stride_rl0, stride_rl1, stride_rl2,
+    stride_o0, stride_o1, stride_o2,
+    stride_l0, stride_l1, stride_l2,
+    DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DIM: tl.constexpr, ROUND_TO: tl.constexpr,
+):
+    pid_r, a1, a0 = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    offs_r = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # (BLOCK_R,) index along A2
+    offs_d = tl.arange(0, BLOCK_DIM)  # (BLOCK_DIM,)
+    row_mask = offs_r < rows  # (BLOCK_R,)
+    mask = row_mask[:, None] & (offs_d[None, :] < DIM)  # (BLOCK_R, BLOCK_DIM)
+
+    o, lse = _load_state(
+        first_out_ptr + a0 * stride_fo0 + a1 * stride_fo1 + offs_r[:, None] * stride_fo2 + offs_d[None, :],
+        first_lse_ptr + a0 * stride_fl0 + a1 * stride_fl1 + offs_r * stride_fl2, mask, row_mask,
+    )  # (BLOCK_R, BLOCK_DIM), (BLOCK_R,)
+    rest_out_ptrs = (rest_out_ptr + a0 * stride_ro0 + a1 * stride_ro1 + offs_r[:, None] * stride_ro2
+                     + offs_d[None, :])  # (BLOCK_R, BLOCK_DIM) state 1
+    rest_lse_ptrs = rest_lse_ptr + a0 * stride_rl0 + a1 * stride_rl1 + offs_r * stride_rl2  # (BLOCK_R,)
+    for _ in range(num_rest):
+        o_s, lse_s = _load_state(rest_out_ptrs, rest_lse_ptrs, mask, row_mask)
+        o, lse = _merge_pair(o, lse, o_s, lse_s)
+        rest_out_ptrs += stride_ros  # next state (64-bit pointer arithmetic)
+        rest_lse_ptrs += stride_rls
+
+    out_ptrs = out_ptr + a0 * stride_o0 + a1 * stride_o1 + offs_r[:, None] * stride_o2 + offs_d[None, :]
+    store_as(out_ptrs, o, mask, ROUND_TO)
+    tl.store(lse_ptr + a0 * stride_l0 + a1 * stride_l1 + offs_r * stride_l2, lse, mask=row_mask)
+
+
+@triton.jit
+def _load_state(out_ptrs, lse_ptrs, mask, row_mask):
+    """Load ``o`` (R, BLOCK_DIM) and ``lse`` (R,) as fp32, with ``+inf`` LSEs read as ``-inf``."""
+    o = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    lse = tl.load(lse_ptrs, mask=row_mask, other=float("-inf")).to(tl.float32)
+    return o, tl.where(lse == float("inf"), float("-inf"), lse)
+
+
+@triton.jit
+def _merge_pair(o_a, lse_a, o_b, lse_b):
+    """``(o_a, lse_a) ⊕ (o_b, lse_b)`` on (R, BLOCK_DIM) / (R,) fp32 tiles, stable form."""
+    m = tl.maximum(lse_a, lse_b)
+    shift = tl.where(m == float("-inf"), 0.0, m)  # both empty: weights 0, not NaN
+    w_a = tl.exp(lse_a - shift)
+    w_b = tl.exp(lse_b - shift)
+    total = w_a + w_b
+    inv = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
+    o = (w_a * inv)[:, None] * o_a + (w_b * inv)[:, None] * o_b
+    lse = tl.where(total > 0.0, shift + tl.log(tl.where(total > 0.0, total, 1.0)), float("-inf"))
+    return o, lse

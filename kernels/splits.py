@@ -12,7 +12,7 @@ to hide latency. So
   the combine pass);
 * otherwise ``n = ceil(2 · num_SMs / programs)``, capped so that each split still has at least
   :data:`MIN_BLOCKS_PER_SPLIT` key blocks (a split must amortise its Q load and its partial write)
-  and by :data:`attn_ref.validation.MAX_NUM_SPLITS` (256, FA3's limit).
+  and by :data:`attn_ref.call.MAX_NUM_SPLITS` (256, FA3's limit).
 
 The launcher passes static bounds only (:mod:`kernels.kvcache`): the query length ``sq`` (varlen:
 ``max_seqlen_q``) for ``m_blocks``, and the cache capacity for the key length, so the choice never
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from attn_ref.validation import MAX_NUM_SPLITS
+from attn_ref.call import MAX_NUM_SPLITS
 
 from .launch import INTERPRETING, next_power_of_2
 

@@ -6,7 +6,8 @@ benchmarks build their problems with and the conformance suite its probes; the t
 
 :data:`REF` and :data:`KERNELS` are the implementations a test takes as its parameter
 (:class:`Implementation`: the function, its device, its shape multiplier); :func:`over` builds the
-parameter lists; :func:`split_cases` is the table of split-KV calls, sized per implementation.
+parameter lists; :func:`split_cases` is the table of split-KV calls, sized per implementation. :func:`base` is the
+small valid call the error and layout tests change one argument of (:func:`rotary` adds rotary tables).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import attn_ref
 import kernels
 from attn_ref.conformance.calls import clone_args, make_case  # noqa: F401  (the tests' case factory)
+from attn_ref.conformance.error_cases import base, rotary  # noqa: F401  (the error tables' valid call)
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -91,3 +93,4 @@ def over(impls: list[Implementation], *axes: dict) -> list:
             params.append(pytest.param(impl, *values, id="-".join([impl.name, *(key for key, _ in combo)]),
                                        marks=[pytest.mark.skip(reason=FP8_SKIP)] if no_fp8 else []))
     return params
+

@@ -3,8 +3,11 @@
 * fp16/bf16/fp32, causal (bottom-right) and full, GQA, ``Sq != Sk``, head dims 16..256, with and
   without an LSE gradient: the gradients match float64 autograd of dense attention by
   FlashAttention's rule (baseline: autograd through dense attention in the input dtype).
+* fp16, every mask of :data:`backward_cases.MASKS` (sliding window, chunk, softcap, with and without
+  causal) on a problem of several query and key blocks, so that whole tiles are skipped: the same
+  rule against float64 autograd of the forward's oracle.
 * fp32: equal to the reference backward within fp32 noise, also for rows that see no key (causal,
-  ``Sq > Sk``), non-contiguous inputs and ``grad_dtype``.
+  window and chunk with ``Sq > Sk``), non-contiguous inputs and ``grad_dtype``.
 * Wired into ``kernels.sequence_parallel``: gradients through the kernel backend equal the
   reference backend's.
 * The three kernels compile for CUDA sm_90 and sm_80 without a GPU (a subprocess without
@@ -25,7 +28,7 @@ import torch
 
 import attn_ref
 from attn_ref import sequence_parallel as sp
-from test_backward_reference import assert_backward_matches_float64, random_problem
+from backward_cases import MASKS, assert_backward_matches_float64, random_problem, saved_forward
 
 kernels_backward = pytest.importorskip("kernels.backward")
 
@@ -40,24 +43,39 @@ SHAPES = [  # (B, Sq, Sk, H, Hkv, D)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_kernel_matches_float64_autograd(shape, dtype, causal):
-    assert_backward_matches_float64(kernels_backward.attention_backward, shape, dtype, causal, sum(shape) + causal)
+    assert_backward_matches_float64(kernels_backward.attention_backward, shape, dtype, sum(shape) + causal,
+                                    causal=causal)
+
+
+@pytest.mark.parametrize("masks", [m for name, m in MASKS.items() if name not in ("full", "causal")],
+                         ids=[name for name in MASKS if name not in ("full", "causal")])
+def test_kernel_masks_match_float64_autograd(masks):
+    """fp16 (bf16 is unreliable in the interpreter); 2 query blocks x 3 key blocks of 64."""
+    assert_backward_matches_float64(kernels_backward.attention_backward, (1, 96, 192, 2, 1, 32), torch.float16,
+                                    len(masks), **masks)
+
+
+#: Masks under which rows of ``Sq > Sk`` see no key, and a softcapped window.
+EMPTY_ROW_MASKS = {"full": {}, "causal": dict(causal=True), "window": dict(window_size=(4, 2)),
+                   "chunk-softcap": dict(attention_chunk=6, softcap=2.0)}
 
 
 @pytest.mark.parametrize("with_dlse", [False, True], ids=["no-dlse", "dlse"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_kernel_equals_reference_fp32(causal, with_dlse):
-    """Sq > Sk: with causal the first rows see no key; inputs are non-contiguous views."""
-    q, k, v, dout, dlse = random_problem((2, 45, 20, 4, 2, 24), torch.float32, 3 + causal)
+@pytest.mark.parametrize("masks", EMPTY_ROW_MASKS.values(), ids=EMPTY_ROW_MASKS.keys())
+def test_kernel_equals_reference_fp32(masks, with_dlse):
+    """Sq > Sk: with causal or the window the first rows see no key; inputs are non-contiguous views."""
+    q, k, v, dout, dlse = random_problem((2, 45, 20, 4, 2, 24), torch.float32, 3 + len(masks))
     q, dout = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, dout))  # [B, S, H, D] views
     scale = 0.2
-    out, lse = sp.REFERENCE_BACKEND.attend_forward(q, k, v, scale, causal)
+    out, lse = saved_forward(q, k, v, scale, **masks)
     dlse = dlse if with_dlse else None
-    grads = kernels_backward.attention_backward(dout, q, k, v, out, lse, scale, causal, dlse)
-    expected = attn_ref.attention_backward(dout, q, k, v, out, lse, scale, causal, dlse)
+    grads = kernels_backward.attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **masks)
+    expected = attn_ref.attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **masks)
     for grad, grad_ref in zip(grads, expected):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-5)
-    if causal:
-        assert torch.equal(grads[0][:, :25], torch.zeros_like(grads[0][:, :25]))
+    if masks.get("causal") or "window_size" in masks:
+        assert torch.isinf(lse[:, :20]).all()
+        assert torch.equal(grads[0][:, :20], torch.zeros_like(grads[0][:, :20]))
 
 
 def test_kernel_grad_dtype():
@@ -82,16 +100,17 @@ def test_kernel_sequence_parallel_gradients_equal_the_reference():
         torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-5)
 
 
-#: (dtype, head dim, causal, GQA, with dlse): every constexpr branch of the three kernels.
+#: (dtype, head dim, softcap, GQA, with dlse): every constexpr branch of the three kernels (the masks
+#: are runtime values).
 COMPILE_VARIANTS = [
-    (torch.float16, 128, True, True, True),
+    (torch.float16, 128, False, True, True),
     (torch.bfloat16, 256, False, True, False),
     (torch.bfloat16, 64, True, False, True),
     (torch.float32, 64, True, True, False),
 ]
 
 
-def _compile_launches(dtype, d, causal, gqa, with_dlse):
+def _compile_launches(dtype, d, softcap, gqa, with_dlse):
     """The launches of one backward call (``B=2, Sq=128, Sk=192, H=8``), planned as the launcher does."""
     from kernels.backward import plan_dkdv, plan_dq, plan_preprocess
 
@@ -103,8 +122,9 @@ def _compile_launches(dtype, d, causal, gqa, with_dlse):
     dlse = torch.empty(b, sq, h) if with_dlse else None
     return [
         plan_preprocess(out, out, dlse, stats),
-        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1, causal),
-        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, causal),
+        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1, causal=True,
+                  softcap=30.0 if softcap else 0.0),
+        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, causal=True, softcap=30.0 if softcap else 0.0),
     ]
 
 
@@ -114,13 +134,13 @@ def compile_all(arch: int) -> dict[str, str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from test_kernel_compile import _signature
+    from compile_launches import launch_signature
 
     results = {}
     for variant in COMPILE_VARIANTS:
         for launch in _compile_launches(*variant):
             label = f"{variant}/{launch.kernel.__name__}"
-            signature, constexprs, attrs = _signature(launch)
+            signature, constexprs, attrs = launch_signature(launch)
             try:
                 source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
                 compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),

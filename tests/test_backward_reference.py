@@ -1,10 +1,12 @@
 """The reference attention backward (:func:`attn_ref.attention_backward`) against autograd.
 
-* ``gradcheck`` in float64: the backward, fed the saved ``out``/``lse`` of a float64 dense forward,
-  is the exact adjoint of that forward (finite differences), including the gradient of the LSE
-  output (``dlse``), for causal (bottom-right) and full masks, GQA, ``Sq <= Sk``.
-* fp16/bf16/fp32 inputs: the gradients, in the input dtype, match float64 autograd of the dense
-  forward by FlashAttention's rule (the low-precision baseline is autograd through the dense
+* ``gradcheck`` in float64: the backward, fed the saved ``out``/``lse`` of the float64 dense forward
+  (the forward's oracle, :func:`dense_oracle.dense_attention`), is the exact adjoint of that forward
+  (finite differences), including the gradient of the LSE output (``dlse``), for every mask of
+  :data:`backward_cases.MASKS` (full, bottom-right causal, sliding window, chunk, softcap), GQA,
+  ``Sq <= Sk``.
+* fp16/bf16/fp32 inputs, every mask: the gradients, in the input dtype, match float64 autograd of the
+  dense forward by FlashAttention's rule (the low-precision baseline is autograd through the dense
   attention computed in the input dtype).
 * Rows that see no key (causal, ``Sq > Sk``) get zero gradients, no NaN.
 * Through the SP backend: :meth:`AttentionBackend.attend` is differentiable, and a backend without a
@@ -18,42 +20,24 @@ import torch
 
 import attn_ref
 from attn_ref import sequence_parallel as sp
-from dense_oracle import dense_attention
-from tolerance import assert_close_fa
-
-
-def dense_attention_f64(q, k, v, scale, causal):
-    """Differentiable dense attention in q's dtype: ``(out [B, Sq, H, Dv], lse [B, Sq, H])``.
-
-    ``q [B, Sq, H, D]``, ``k [B, Sk, Hkv, D]``, ``v [B, Sk, Hkv, Dv]``; GQA by ``repeat_interleave``,
-    bottom-right causal mask. Every row must see a key (``Sq <= Sk`` when causal).
-    """
-    g = q.shape[2] // k.shape[2]
-    k_rep, v_rep = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k_rep) * scale
-    sq, sk = q.shape[1], k.shape[1]
-    if causal:
-        hidden = torch.arange(sk)[None, :] > torch.arange(sq)[:, None] + sk - sq
-        scores = scores.masked_fill(hidden, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v_rep)
-    return out, lse.transpose(1, 2)
+from backward_cases import MASKS, assert_backward_matches_float64, dense_forward
 
 
 class _DenseWithReferenceBackward(torch.autograd.Function):
-    """The float64 dense forward with :func:`attn_ref.attention_backward` as its backward."""
+    """The float64 dense forward (the oracle) with :func:`attn_ref.attention_backward` as its backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal):
-        out, lse = dense_attention_f64(q, k, v, scale, causal)
+    def forward(ctx, q, k, v, scale, masks):
+        out, lse = dense_forward(q, k, v, scale, upcast=False, **masks)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal = scale, causal
+        ctx.scale, ctx.masks = scale, masks
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        return (*attn_ref.attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.causal, dlse), None, None)
+        grads = attn_ref.attention_backward(dout, q, k, v, out, lse, ctx.scale, dlse=dlse, **ctx.masks)
+        return (*grads, None, None)
 
 
 SHAPES = [  # (B, Sq, Sk, H, Hkv, D, Dv)
@@ -61,60 +45,29 @@ SHAPES = [  # (B, Sq, Sk, H, Hkv, D, Dv)
     (2, 4, 4, 2, 2, 3, 3),
     (1, 1, 6, 3, 1, 4, 4),
 ]
+#: (shape, masks): full and causal on every shape, every mask on a shape long enough for the window
+#: (5, 3) and the chunk of 8 to hide keys.
+GRADCHECK_CASES = [(shape, MASKS[name]) for shape in SHAPES for name in ("full", "causal")] + [
+    ((1, 6, 11, 2, 1, 3, 2), masks) for masks in MASKS.values()]
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gradcheck_float64(shape, causal):
+@pytest.mark.parametrize("shape, masks", GRADCHECK_CASES,
+                         ids=["x".join(map(str, shape)) + "-" + ("-".join(masks) or "full")
+                                                for shape, masks in GRADCHECK_CASES])
+def test_gradcheck_float64(shape, masks):
     b, sq, sk, h, hkv, d, dv = shape
-    gen = torch.Generator().manual_seed(sum(shape) + causal)
+    gen = torch.Generator().manual_seed(sum(shape) + len(masks))
     q, k, v = (torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True)
                for s in ((b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, dv)))
-    assert torch.autograd.gradcheck(lambda q, k, v: _DenseWithReferenceBackward.apply(q, k, v, 0.7, causal), (q, k, v))
-
-
-def expected_gradients(q, k, v, dout, dlse, scale, causal):
-    """``(float64 autograd gradients, FA's low-precision baseline)`` of ``Σ out·dout + Σ lse·dlse``.
-
-    The baseline is autograd through :func:`dense_oracle.dense_attention` computed in q's dtype.
-    """
-    leaves = [x.double().requires_grad_() for x in (q, k, v)]
-    out64, lse64 = dense_attention_f64(*leaves, scale, causal)
-    ref = torch.autograd.grad((out64 * dout.double()).sum() + (lse64 * dlse.double()).sum(), leaves)
-    low = [x.clone().requires_grad_() for x in (q, k, v)]
-    loss = 0
-    for i in range(q.shape[0]):
-        out, lse = dense_attention(low[0][i], low[1][i], low[2][i], scale, causal, upcast=False)
-        loss = loss + (out.float() * dout[i].float()).sum() + (lse.T * dlse[i]).sum()
-    return ref, torch.autograd.grad(loss, low)
-
-
-def random_problem(shape, dtype, seed):
-    """``q, k, v, dout`` in ``dtype`` and an fp32 ``dlse`` for ``shape = (B, Sq, Sk, H, Hkv, D)``."""
-    b, sq, sk, h, hkv, d = shape
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype) for s, n in ((sq, h), (sk, hkv), (sk, hkv)))
-    return q, k, v, torch.randn(b, sq, h, d, generator=gen).to(dtype), torch.randn(b, sq, h, generator=gen)
+    assert torch.autograd.gradcheck(lambda q, k, v: _DenseWithReferenceBackward.apply(q, k, v, 0.7, masks),
+                                    (q, k, v))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_low_precision_matches_float64_autograd(dtype, causal):
-    assert_backward_matches_float64(attn_ref.attention_backward, (2, 24, 40, 4, 2, 32), dtype, causal, 7 + causal)
-
-
-def assert_backward_matches_float64(attention_backward, shape, dtype, causal, seed):
-    """``attention_backward`` (either implementation) from the saved forward state: gradients in the
-    input dtype, each within FA's rule of the float64 autograd gradient (``shape`` as random_problem)."""
-    q, k, v, dout, dlse = random_problem(shape, dtype, seed)
-    scale = q.shape[-1] ** -0.5
-    out, lse = sp.REFERENCE_BACKEND.attend_forward(q, k, v, scale, causal)
-    grads = attention_backward(dout, q, k, v, out, lse, scale, causal, dlse)
-    ref, lowp = expected_gradients(q, k, v, dout, dlse, scale, causal)
-    for name, grad, grad_ref, grad_lowp in zip("qkv", grads, ref, lowp):
-        assert grad.dtype == dtype, name
-        assert_close_fa(grad, grad_ref, grad_lowp)
-
+@pytest.mark.parametrize("masks", MASKS.values(), ids=MASKS.keys())
+def test_low_precision_matches_float64_autograd(dtype, masks):
+    assert_backward_matches_float64(attn_ref.attention_backward, (2, 24, 40, 4, 2, 32), dtype, 7 + len(masks),
+                                    **masks)
 
 def test_rows_without_keys_get_zero_gradients():
     """Causal with ``Sq > Sk``: the first ``Sq - Sk`` rows see no key (``lse = -inf``)."""
@@ -142,7 +95,7 @@ def test_backend_attend_is_differentiable():
     out, lse = sp.REFERENCE_BACKEND.attend(q, k, v, 0.3, True)
     (out.sum() + lse.sum()).backward()
     leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    out64, lse64 = dense_attention_f64(*leaves, 0.3, True)
+    out64, lse64 = dense_forward(*leaves, 0.3, upcast=False, causal=True)
     (out64.sum() + lse64.sum()).backward()
     for x, x64 in zip((q, k, v), leaves):
         torch.testing.assert_close(x.grad, x64.grad.float(), rtol=1e-5, atol=1e-5)

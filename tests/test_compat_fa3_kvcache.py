@@ -32,8 +32,7 @@ import torch
 
 import attn_ref
 from dense_oracle import assert_matches_oracle
-from kvcache_cases import clone_args, run_kernels
-from test_kvcache_errors import base, rotary
+from kvcache_cases import base, clone_args, rotary, run_kernels
 
 I32 = torch.int32
 BATCH, NHEADS, HEAD_DIM = 3, 6, 128

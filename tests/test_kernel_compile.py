@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from compile_launches import launch_signature
+
 FP8 = torch.float8_e4m3fn
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -59,32 +61,6 @@ VARIANTS = {
                                 descale=True), dict(num_splits=1)),
 }
 ARCHS = [90, 80]
-POINTER_TYPES = {FP16: "fp16", BF16: "bf16", FP32: "fp32", FP8: "fp8e4nv", torch.int32: "i32"}
-
-
-def _signature(launch) -> tuple[dict, dict, dict]:
-    """``(signature, constexprs, attrs)`` of a planned launch for ``ASTSource``, specialised as
-    Triton's launcher does: 16-byte aligned pointers and ints divisible by 16 (other than the
-    ``do_not_specialize`` ones) are marked ``tt.divisibility = 16``, which enables vectorised loads."""
-    args = launch.runtime_args()
-    unspecialised = {p.name for p in launch.kernel.params if p.do_not_specialize}
-    signature, attrs = {}, {}
-    for index, name in enumerate(launch.kernel.arg_names):
-        value = args.get(name)
-        if name in launch.constexprs:
-            signature[name] = "constexpr"
-            continue
-        if isinstance(value, torch.Tensor):
-            signature[name] = "*" + POINTER_TYPES[value.dtype]
-            aligned = value.data_ptr() % 16 == 0
-        elif isinstance(value, int):
-            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
-            aligned = value % 16 == 0 and name not in unspecialised
-        else:
-            signature[name], aligned = "fp32", False
-        if aligned:
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    return signature, dict(launch.constexprs), attrs
 
 
 def _variant_launches(case: dict, knobs: dict, value_checks: bool = True):
@@ -116,7 +92,7 @@ def compile_all(arch: int) -> dict[str, str]:
         if arch < 89 and case["dtype"] == FP8:
             continue
         for launch in _variant_launches(case, knobs):
-            signature, constexprs, attrs = _signature(launch)
+            signature, constexprs, attrs = launch_signature(launch)
             key = (launch.kernel.__name__, json.dumps(signature, sort_keys=True), repr(sorted(constexprs.items())))
             if key in seen:
                 continue

@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from attn_ref import flash_attn_with_kvcache
-from attn_ref.conformance.error_cases import (  # noqa: F401  (base, rotary: used by other test modules)
-    PACKAGE_CHECKS, UPSTREAM_ORDER, UPSTREAM_REJECTS, base, message_matches, rotary,
-)
+from attn_ref.conformance.error_cases import PACKAGE_CHECKS, UPSTREAM_ORDER, UPSTREAM_REJECTS, base, message_matches
 from kvcache_cases import KERNELS, REF, over
 
 @pytest.mark.parametrize("impl, case", over([REF, KERNELS], UPSTREAM_ORDER))

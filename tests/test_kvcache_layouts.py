@@ -15,8 +15,7 @@ import torch
 
 from attn_ref import merge_attention_states
 from dense_oracle import assert_matches_oracle
-from kvcache_cases import KERNELS, REF, clone_args, make_case, over, split_cases
-from test_kvcache_errors import base
+from kvcache_cases import KERNELS, REF, base, clone_args, make_case, over, split_cases
 from tolerance import assert_lse_close, assert_one_rounding_apart
 
 BOTH = [REF, KERNELS]

@@ -25,10 +25,9 @@ import pytest
 import torch
 
 from attn_ref import sequence_parallel as sp
-from dense_oracle import dense_attention
+from backward_cases import dense_forward
 from rank_spawns import REFERENCE_SPAWNS, each_spawn_and, spawned_ranks
-from test_backward_reference import dense_attention_f64
-from test_sequence_parallel_ranks import (
+from sp_cases import (
     BATCH, HEAD_DIM, N_REP, SEQ, Case, _full_inputs, _global_sequence, _my_positions, _varlen_lens,
 )
 from tolerance import assert_close_fa
@@ -194,11 +193,8 @@ def run_grad_case(api, case: GradCase, groups) -> dict:
     def expected(compute):
         """Global gradients of q, k, v for the single-device loss, by autograd in ``compute``."""
         g_leaves = [t.detach().clone().requires_grad_() for t in (gq, gk, gv)]
-        if compute is torch.float64:
-            out, lse = dense_attention_f64(*(t.double() for t in g_leaves), SCALE, case.causal)
-        else:  # FA's low-precision baseline: the dense attention computed in the case's dtype
-            pairs = [dense_attention(*(t[b] for t in g_leaves), SCALE, case.causal, upcast=False) for b in range(BATCH)]
-            out, lse = torch.stack([o for o, _ in pairs]), torch.stack([l.T for _, l in pairs])
+        # float64, or FA's low-precision baseline: the dense attention computed in the case's dtype
+        out, lse = dense_forward(*(t.to(compute) for t in g_leaves), SCALE, upcast=False, causal=case.causal)
         loss = (out.double() * d_out.double()).sum()
         if with_lse:
             loss = loss + (lse.double() * d_lse.double()).sum()

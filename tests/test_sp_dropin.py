@@ -23,9 +23,9 @@ import torch.distributed as dist
 
 import attn_ref
 from attn_ref import sequence_parallel as sp
-from attn_ref.sequence_parallel import checks
+from attn_ref.sequence_parallel import agreement
 from attn_ref.sequence_parallel.launch import _as_rank_failure
-from test_sequence_parallel_ranks import _attention, _attention_lowp
+from sp_cases import _attention, _attention_lowp
 from tolerance import assert_close_fa, assert_lse_close
 
 D = 16
@@ -178,12 +178,12 @@ def test_disagreement_message_names_the_first_field_that_differs():
     summaries = [("f", {"q": ((1, 8), "torch.float32"), "causal": True}, None),
                  ("f", {"q": ((1, 8), "torch.float16"), "causal": False}, "ValueError: x")]
     with pytest.raises(ValueError) as info:
-        checks.check_ranks_agree(summaries)
+        agreement.check_ranks_agree(summaries)
     assert str(info.value) == (
         "the ranks of the sequence-parallel group disagree on q (rank 0: ((1, 8), 'torch.float32'), "
         "rank 1: ((1, 8), 'torch.float16')); every rank must make the same call (same dtypes, shapes, heads, "
         "replicated counts and group layout)")
-    checks.check_ranks_agree([summaries[0], summaries[0]])  # agreeing ranks: nothing to raise
+    agreement.check_ranks_agree([summaries[0], summaries[0]])  # agreeing ranks: nothing to raise
 
 
 def test_without_torch_distributed_group_none_is_this_rank():

@@ -84,7 +84,7 @@ def dense_attention(
     """One sequence. ``q (sq, h, d)``, ``k (sk, h_k, d)``, ``v (sk, h_k, dv)``, ``qv (sq, h, dv)``.
 
     Returns ``out (sq, h, dv)`` in the compute dtype (``exact`` if ``upcast``, else the inputs')
-    and fp32 ``lse (h, sq)``.
+    and fp32 ``lse (h, sq)`` (float64 for float64 inputs without ``upcast``).
     """
     ref = qv if only_qv else q
     compute = exact if upcast else ref.dtype
@@ -113,8 +113,10 @@ def dense_attention(
     scores = scores.masked_fill(masked_keys(sq, sk, causal, window, chunk), float("-inf"))
     if sinks is not None:  # the sink is one more logit per head, with no value
         scores = torch.cat((scores, sinks.to(compute)[:, None, None].expand(h, sq, 1)), dim=-1)
-    # -inf for a row with nothing to attend; computed in at least fp32, returned in fp32
-    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).float()
+    # -inf for a row with nothing to attend; computed in at least fp32, returned in fp32 (float64 for
+    # float64 inputs without upcast: the backward tests differentiate it in float64)
+    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
+    lse = lse if compute == torch.float64 and not upcast else lse.float()
     p = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :sk]  # all -inf row: NaN -> 0
     if p_dtype is not None:
         p = p.to(p_dtype).to(compute)

@@ -18,8 +18,7 @@ rank holds whole are counted once.
 The local attention and the merge are a parameter (:class:`AttentionBackend`): these classes use the
 PyTorch reference; :mod:`kernels.sequence_parallel` has the same classes on the Triton kernels.
 
-Deliberate differences from sglang's ``layer.py`` / ``usp.py`` (the facts followed are in the
-project's sequence-parallel spec):
+Deliberate differences from sglang's ``layer.py`` / ``usp.py``:
 
 * Groups and the SP mode are arguments (``groups=``, ``sp_attention_mode=``), not global state or
   server arguments; ``"auto"`` plays the role of ``sp_split_auto``. The constructors take sglang's

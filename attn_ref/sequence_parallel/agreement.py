@@ -11,7 +11,7 @@ call's first collective. Each rank runs its own argument checks, then contribute
 of the call's name, of its metadata (the fields that must agree) and of the error its checks raised
 (if any). When all rows agree, each rank returns (or raises its own error, the same on every rank).
 When they differ, every rank sees the same gathered rows, so all of them take a second, rare step:
-an ``all_gather_object`` of the readable metadata, and the same :func:`~.checks.check_ranks_agree`
+an ``all_gather_object`` of the readable metadata, and the same :func:`check_ranks_agree`
 error on every rank, naming the first field that differs and each rank's value.
 
 Ranks whose groups have different members cannot meet in one collective; that call still waits
@@ -26,13 +26,12 @@ only checks its own arguments, as before.
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from ..switches import switch_on
-from .checks import check_ranks_agree
 from .comm import Group, group_size
 
 #: Environment variable that turns the cross-rank check off.
@@ -104,3 +103,28 @@ def _collective_device(group: Group) -> torch.device:
     if "nccl" in str(dist.get_backend(group)).lower():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Argument checks of this module
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_ranks_agree(summaries: Sequence[tuple[str, dict, Optional[str]]]) -> None:
+    """Every rank of the group made the same call: ``(call, fields, error or None)`` per rank, gathered.
+
+    Names the first thing that differs: the entry point, a field (in the call's order), or the error
+    the ranks' own checks raised. Every rank holds the same list, so every rank raises the same error.
+    """
+    calls, fields, outcomes = zip(*summaries)
+    names = list(fields[0]) if len(set(calls)) == 1 else []
+    candidates = [("the call", list(calls))]
+    candidates += [(name, [f.get(name) for f in fields]) for name in names]
+    candidates += [("the outcome of the argument checks", [o or "no error" for o in outcomes])]
+    for what, values in candidates:
+        if any(value != values[0] for value in values):
+            per_rank = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
+            raise ValueError(
+                f"the ranks of the sequence-parallel group disagree on {what} ({per_rank}); every rank must "
+                "make the same call (same dtypes, shapes, heads, replicated counts and group layout)"
+            )

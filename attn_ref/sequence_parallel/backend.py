@@ -36,7 +36,6 @@ from torch.autograd.function import once_differentiable
 from ..backward import attention_backward
 from ..kvcache import flash_attn_with_kvcache
 from ..merge import merge_attention_states
-from .checks import check_backward_available
 
 
 @dataclass(frozen=True)
@@ -115,3 +114,22 @@ class _Attend(torch.autograd.Function):
 #: The PyTorch reference: :func:`attn_ref.flash_attn_with_kvcache`, :func:`attn_ref.merge_attention_states`
 #: and :func:`attn_ref.attention_backward`.
 REFERENCE_BACKEND = AttentionBackend("attn_ref", flash_attn_with_kvcache, merge_attention_states, attention_backward)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Argument checks of this module
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_backward_available(backend_name: str, attention_backward: object) -> None:
+    """A gradient needs the backend's ``attention_backward`` (never another backend's numerics in its place).
+
+    Raised on every rank at the same point of the backward (the first local attention backward), so
+    no rank is left waiting in a collective.
+    """
+    if attention_backward is None:
+        raise NotImplementedError(
+            f"the {backend_name!r} attention backend has no backward (attention_backward=None), so no gradient "
+            "can flow through its sequence-parallel attention; train with attn_ref.sequence_parallel (the "
+            "PyTorch reference backward), or build the AttentionBackend with an attention_backward"
+        )

@@ -13,7 +13,7 @@ group of one rank) is the identity and needs no initialized ``torch.distributed`
   the heads of replicated outputs).
 
 Both are differentiable, with explicit adjoints: the all-to-all's is the inverse all-to-all, the
-all-gather's a reduce-scatter (spec §9). Gradients are made contiguous before every collective.
+all-gather's a reduce-scatter. Gradients are made contiguous before every collective.
 * :class:`RingExchange`: send a tensor to the next rank of a ring and receive the previous rank's,
   with ``batch_isend_irecv`` (grouped, so two neighbours never deadlock on each other), started
   before and waited after the compute it overlaps.
@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from ..error_notes import catalogued
 
-from .checks import check_all_to_all_4d, check_gather_dim
+from .checks import check_heads_split, check_local_seq_len, check_seq_lens, check_seq_lens_values
 
 
 class _SelfGroup:
@@ -188,7 +188,7 @@ class _AllGather(torch.autograd.Function):
     sum over ranks of their output gradients' block ``r``. The reduce-scatter is an all-to-all of
     the blocks followed by a local sum in rank order (gloo has no reduce-scatter; the sum order is
     fixed, so the result is deterministic). Gradients are made contiguous first: gloo's collectives
-    return wrong data for non-contiguous buffers without an error (spec §9).
+    return wrong data for non-contiguous buffers without an error.
     """
 
     @staticmethod
@@ -244,3 +244,45 @@ class RingExchange:
         for request in self._requests:
             request.wait()
         self._requests = []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Argument checks of this module
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_all_to_all_4d(
+    x: torch.Tensor, scatter_dim: int, gather_dim: int, world_size: int, rank: int,
+    seq_lens: Optional[Sequence[int]],
+) -> None:
+    """Upstream's ``AllToAll4D`` asserts (plus the varlen ones of ``usp.py``), in upstream order."""
+    if x.dim() != 4:
+        raise ValueError(f"input must be 4D tensor, got {x.dim()} and shape {x.shape}")
+    if (scatter_dim, gather_dim) not in ((2, 1), (1, 2)):
+        raise ValueError(
+            f"Invalid scatter_dim={scatter_dim}, gather_dim={gather_dim}. Only (scatter_dim=2, gather_dim=1) "
+            "and (scatter_dim=1, gather_dim=2) are supported."
+        )
+    if seq_lens is not None:
+        seq_lens = check_seq_lens(seq_lens, world_size)
+    if scatter_dim == 2:  # sequence shards -> head shards
+        check_heads_split(x.shape[2], world_size)
+        if seq_lens is not None:
+            check_local_seq_len(x, seq_lens, rank)
+            check_seq_lens_values(seq_lens)
+    else:  # head shards -> sequence shards
+        seqlen = x.shape[1]
+        if seq_lens is not None:
+            check_seq_lens_values(seq_lens)
+        if seq_lens is None and seqlen % world_size:
+            raise ValueError(
+                f"sequence dimension ({seqlen}) must be divisible by sequence parallel world size ({world_size})"
+            )
+        if seq_lens is not None and seqlen != sum(seq_lens):
+            raise ValueError(f"s_global ({seqlen}) must equal sum(seq_lens) ({sum(seq_lens)})")
+
+
+def check_gather_dim(x: torch.Tensor, dim: int) -> None:
+    """Upstream ``GroupCoordinator.all_gather``'s assert."""
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"Invalid dim ({dim}) for input tensor with shape {x.size()}")

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from ..error_notes import catalogued
 
-from .checks import check_positive_int, check_sp_degrees
+from .checks import check_positive_int
 from .comm import SELF_GROUP, Group, group_size
 
 #: Process groups created so far, by their ranks, with the default group they were created under.
@@ -147,3 +147,26 @@ def _group_of(ranks: list[int]) -> dist.ProcessGroup:
         created = (world, dist.new_group(ranks))
         _CREATED[tuple(ranks)] = created
     return created[1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Argument checks of this module
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_sp_degrees(ulysses_degree: int, ring_degree: int, world_size: int, initialized: bool) -> None:
+    """``ulysses_degree x ring_degree`` ranks form one SP group; the world is a whole number of them."""
+    check_positive_int("ulysses_degree", ulysses_degree)
+    check_positive_int("ring_degree", ring_degree)
+    sp_size = ulysses_degree * ring_degree
+    if sp_size > 1 and not initialized:
+        raise ValueError(
+            f"ulysses_degree x ring_degree = {ulysses_degree} x {ring_degree} needs torch.distributed to be "
+            "initialized (torch.distributed.init_process_group, or attn_ref.sequence_parallel.launch), "
+            "but it is not"
+        )
+    if world_size % sp_size:
+        raise ValueError(
+            f"world_size ({world_size}) must be a multiple of ulysses_degree x ring_degree "
+            f"({ulysses_degree} x {ring_degree} = {sp_size})"
+        )

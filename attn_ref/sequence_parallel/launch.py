@@ -44,12 +44,15 @@ import torch.multiprocessing as mp
 
 from ..error_notes import catalogued
 
-from .checks import check_launch_args
+from .checks import check_positive_int
 
 #: After the first rank fails, how long to wait for the other ranks' reports before killing them.
 FAILURE_GRACE_S = 5.0
 #: How long a rank's report may take to arrive after it exits, and a finished rank to exit.
 EXIT_FLUSH_S = 2.0
+
+#: The longest run :func:`~attn_ref.sequence_parallel.launch` accepts (about 116 days; ``inf`` is refused).
+MAX_TIMEOUT_S = 10_000_000
 
 
 def default_backend(world_size: int) -> str:
@@ -185,3 +188,26 @@ def _stop(procs) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Argument checks of this module
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_launch_args(world_size: object, backend: Optional[str], timeout_s: object) -> None:
+    """``world_size`` ranks of ``backend``: "gloo", "nccl" (one CUDA device per rank) or None (the default)."""
+    check_positive_int("world_size", world_size)
+    if backend is not None and backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"backend 'nccl' needs one CUDA device per rank: world_size={world_size}, "
+            f"CUDA devices={torch.cuda.device_count()}"
+        )
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    if timeout_s > MAX_TIMEOUT_S:
+        raise ValueError(
+            f"timeout_s must be at most {MAX_TIMEOUT_S} seconds (the launcher needs a finite limit), got {timeout_s!r}"
+        )

@@ -21,7 +21,7 @@ import torch
 
 from ..error_notes import catalogued
 
-from .checks import check_shard_args
+from .checks import check_positive_int
 
 
 @catalogued
@@ -59,3 +59,24 @@ def unshard_sequence(
         shard_positions(seq_len, p, ulysses_degree, ring_degree, zigzag) for p in range(len(shards))
     ])
     return stacked.index_select(dim, torch.argsort(positions).to(stacked.device))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Argument checks of this module
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_shard_args(seq_len: int, sp_rank: int, ulysses_degree: int, ring_degree: int, zigzag: bool) -> None:
+    """The rank exists and the sequence splits into equal shards (two chunks per ring rank for zigzag)."""
+    check_positive_int("ulysses_degree", ulysses_degree)
+    check_positive_int("ring_degree", ring_degree)
+    world = ulysses_degree * ring_degree
+    if isinstance(sp_rank, bool) or not isinstance(sp_rank, int) or not 0 <= sp_rank < world:
+        raise ValueError(f"sp_rank must be an int in [0, {world}), got {sp_rank!r}")
+    parts = 2 * world if zigzag else world
+    if seq_len % parts:
+        if zigzag:
+            layout = f"2 x ring_degree x ulysses_degree ({parts}) for the zigzag layout"
+        else:
+            layout = f"the world size ({parts})"
+        raise ValueError(f"sequence length ({seq_len}) must be divisible by {layout}")

@@ -1,8 +1,7 @@
 """Gradients of replicated (text) tokens: every rank holds them whole, the loss counts them once.
 
 Replicated tokens are the same tensors on every rank of the SP group: each rank passes the same
-replicated q/k/v and gets the same replicated output. The gradients follow the definition of the
-spec (§9):
+replicated q/k/v and gets the same replicated output. The gradients are defined by:
 
 * the loss is the single-device one, in which the replicated rows appear **once**;
 * every rank passes the **same** upstream gradient for the replicated output;

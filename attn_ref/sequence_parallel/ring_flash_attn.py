@@ -44,7 +44,7 @@ from ..error_notes import catalogued
 
 from .agreement import describe, run_checks_on_every_rank
 from .backend import REFERENCE_BACKEND, AttentionBackend
-from .checks import check_no_alibi, check_no_dropout, check_packed, check_ring_window, check_tensors
+from .checks import check_no_dropout, check_tensors
 from .comm import Group, group_size
 from .ring import check_ring_inputs, ring_attention_unchecked
 
@@ -62,11 +62,11 @@ def _unpack(packed: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
     return packed["q"], packed["k"], packed["v"]
 
 
-def _ring_flash_attn(call: str, zigzag: bool, *, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
-                     deterministic, return_attn_probs, group: Group, backend: AttentionBackend, **packed):
+def _ring_flash_attn(call: str, zigzag: bool, packed: dict[str, torch.Tensor], *, dropout_p, softmax_scale, causal,
+                     window_size, alibi_slopes, return_attn_probs, group: Group, backend: AttentionBackend):
     """The body of every entry point: the checks (upstream's order: layout, ALiBi, then this package's),
-    the ring, the return convention. ``packed``: ``{q, k, v}``, ``{q, kv}`` or ``{qkv}``; the other
-    keywords are the entry point's own arguments; ``deterministic`` has no effect."""
+    the ring, the return convention. ``packed``: ``{q, k, v}``, ``{q, kv}`` or ``{qkv}``; the keywords
+    are the entry point's own arguments (``deterministic``, which has no effect, is not passed)."""
     def checks():
         q, k, v = _unpack(packed)
         check_no_alibi(alibi_slopes)
@@ -84,7 +84,7 @@ def _ring_flash_attn(call: str, zigzag: bool, *, dropout_p, softmax_scale, causa
 
 
 # The entry points: upstream's signatures (names, order, defaults, no annotations, as upstream writes
-# them), each the body above for its layout; ``**locals()`` passes the entry point's arguments by name.
+# them), each the body above for its layout, its arguments passed by name.
 
 
 @catalogued
@@ -113,7 +113,10 @@ def ring_flash_attn_func(
         ``out [B, S, H, D]`` in q's dtype, or ``(out, lse [B, H, S] fp32, None)`` with
         ``return_attn_probs=True``.
     """
-    return _ring_flash_attn("ring_flash_attn_func", False, **locals())
+    return _ring_flash_attn(
+        "ring_flash_attn_func", False, dict(q=q, k=k, v=v),
+        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, group=group, backend=backend)
 
 
 @catalogued
@@ -122,7 +125,10 @@ def ring_flash_attn_kvpacked_func(
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]`` (k and v stacked on dim 2)."""
-    return _ring_flash_attn("ring_flash_attn_kvpacked_func", False, **locals())
+    return _ring_flash_attn(
+        "ring_flash_attn_kvpacked_func", False, dict(q=q, kv=kv),
+        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, group=group, backend=backend)
 
 
 @catalogued
@@ -131,7 +137,10 @@ def ring_flash_attn_qkvpacked_func(
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`ring_flash_attn_func` with ``qkv [B, S, 3, H, D]`` (q, k, v stacked on dim 2)."""
-    return _ring_flash_attn("ring_flash_attn_qkvpacked_func", False, **locals())
+    return _ring_flash_attn(
+        "ring_flash_attn_qkvpacked_func", False, dict(qkv=qkv),
+        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, group=group, backend=backend)
 
 
 @catalogued
@@ -140,7 +149,10 @@ def zigzag_ring_flash_attn_func(
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`ring_flash_attn_func` on the zigzag layout (rank ``r``: chunks ``r`` and ``2P-1-r`` of ``2P``)."""
-    return _ring_flash_attn("zigzag_ring_flash_attn_func", True, **locals())
+    return _ring_flash_attn(
+        "zigzag_ring_flash_attn_func", True, dict(q=q, k=k, v=v),
+        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, group=group, backend=backend)
 
 
 @catalogued
@@ -149,7 +161,10 @@ def zigzag_ring_flash_attn_kvpacked_func(
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`zigzag_ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]``."""
-    return _ring_flash_attn("zigzag_ring_flash_attn_kvpacked_func", True, **locals())
+    return _ring_flash_attn(
+        "zigzag_ring_flash_attn_kvpacked_func", True, dict(q=q, kv=kv),
+        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, group=group, backend=backend)
 
 
 @catalogued
@@ -158,7 +173,10 @@ def zigzag_ring_flash_attn_qkvpacked_func(
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
     """:func:`zigzag_ring_flash_attn_func` with ``qkv [B, S, 3, H, D]``."""
-    return _ring_flash_attn("zigzag_ring_flash_attn_qkvpacked_func", True, **locals())
+    return _ring_flash_attn(
+        "zigzag_ring_flash_attn_qkvpacked_func", True, dict(qkv=qkv),
+        dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, group=group, backend=backend)
 
 
 #: The six entry points, for :func:`with_backend` users (``kernels.sequence_parallel``).
@@ -180,3 +198,49 @@ def with_backend(func: Callable, backend: AttentionBackend) -> Callable:
     bound.__signature__ = signature.replace(
         parameters=[p for name, p in signature.parameters.items() if name != "backend"])
     return bound
+
+
+# ---------------------------------------------------------------------------------------------------
+# Argument checks of this module
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_packed(name: str, x: torch.Tensor, parts: int) -> None:
+    """ring-flash-attention's packed layouts: ``kv [B, S, 2, Hkv, D]``, ``qkv [B, S, 3, H, D]``."""
+    if x.dim() != 5 or x.shape[2] != parts:
+        raise ValueError(
+            f"{name} must be a [batch, seq, {parts}, heads, head_dim] tensor, got shape {tuple(x.shape)}"
+        )
+
+
+def check_no_alibi(alibi_slopes: object) -> None:
+    """ring-flash-attention asserts ``alibi_slopes is None``; ALiBi biases are not implemented here either."""
+    if alibi_slopes is not None:
+        raise NotImplementedError(
+            "alibi_slopes is not supported by the ring (ring-flash-attention asserts alibi_slopes is None); "
+            "pass alibi_slopes=None"
+        )
+
+
+def check_ring_window(window_size: object, causal: bool, seq_len: int) -> bool:
+    """``window_size = (left, right)`` as FlashAttention reads it; returns whether the call is causal.
+
+    A negative side is unlimited; FlashAttention treats ``(-1, 0)`` as causal. The ring masks whole
+    blocks by their place in the global sequence of ``seq_len`` tokens, so it honours a window only
+    where it masks nothing beyond ``causal``: each side unlimited or covering the whole sequence.
+    """
+    if (
+        not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+        or any(isinstance(w, bool) or not isinstance(w, int) for w in window_size)
+    ):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+    # A side covering the whole sequence is unlimited; then FlashAttention's rule for a causal window.
+    left, right = (-1 if w >= seq_len - 1 else w for w in window_size)
+    causal = bool(causal) or (left < 0 and right == 0)
+    if left >= 0 or (not causal and right >= 0):
+        raise NotImplementedError(
+            f"window_size={tuple(window_size)} is not supported by the ring: a sliding window over the global "
+            f"sequence of {seq_len} tokens needs per-token positions across ranks; pass window_size=(-1, -1) "
+            "(with causal=True for a causal mask)"
+        )
+    return causal

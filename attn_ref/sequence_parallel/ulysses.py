@@ -39,23 +39,25 @@ from .agreement import describe, run_checks_on_every_rank
 from .checks import (
     check_4d,
     check_heads_split,
-    check_kv_gather_call,
     check_kv_heads_split,
     check_local_seq_len,
-    check_replicated_shapes,
-    check_replicated_together,
     check_seq_lens,
     check_seq_lens_values,
-    check_sp_attention_mode,
     check_tensors,
-    check_ulysses_call,
-    check_ulysses_only,
     check_usp_heads_split,
 )
 from .comm import all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
 from .groups import SequenceParallelGroups, layout_of as _layout
 from .layer import SequenceParallelAttention
 from .replicated import replicated_input, replicated_output
+
+#: sglang's text for UlyssesAttention under ring parallelism (raised as NotImplementedError).
+ULYSSES_RING_MESSAGE = (
+    "UlyssesAttention's all-to-all spans the combined sequence parallel group and is not ring-aware; "
+    "it would silently shuffle across ring ranks instead of rotating KV within them. Ring parallelism "
+    "is not supported for models still using UlyssesAttention -- use USPAttention instead."
+)
+SP_ATTENTION_MODES = ("ulysses", "kv_gather", "auto")
 
 
 class UlyssesAttention(SequenceParallelAttention):
@@ -228,3 +230,77 @@ class UlyssesAttention(SequenceParallelAttention):
             # every rank computed the replicated rows whole: they count once in the backward
             results += [x, None] if replicated_q is None else [x[:, :local_len], replicated_output(x[:, local_len:], group)]
         return tuple(results)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Argument checks of this module
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_ulysses_only(ring_degree: int) -> None:
+    """UlyssesAttention's all-to-all is not ring-aware (sglang PR #33353)."""
+    if ring_degree > 1:
+        raise NotImplementedError(ULYSSES_RING_MESSAGE)
+
+
+def check_sp_attention_mode(mode: object, causal: bool) -> None:
+    """``sp_attention_mode`` is known; an explicit K/V gather refuses causal attention (as sglang)."""
+    if mode not in SP_ATTENTION_MODES:
+        raise ValueError(f"sp_attention_mode must be one of {SP_ATTENTION_MODES}, got {mode!r}")
+    if mode == "kv_gather" and causal:
+        raise ValueError("K/V-gather SP does not support causal attention.")
+
+
+def check_replicated_together(replicated_q, replicated_k, replicated_v) -> bool:
+    """All three replicated tensors or none (sglang's K/V-gather text, applied on every path).
+
+    Returns whether replicated tokens were given.
+    """
+    given = [x is not None for x in (replicated_q, replicated_k, replicated_v)]
+    if any(given) and not all(given):
+        raise ValueError("Replicated Q, K, and V must be provided together.")
+    return all(given)
+
+
+def check_kv_gather_call(seq_lens, replicated_q, replicated_k, replicated_v) -> bool:
+    """sglang ``_forward_with_kv_gather``'s two checks, in its order. Returns whether replicated."""
+    if seq_lens is not None:
+        raise NotImplementedError("K/V-gather SP does not support varlen UlyssesAttention.")
+    return check_replicated_together(replicated_q, replicated_k, replicated_v)
+
+
+def check_ulysses_call(seq_lens, replicated_q, replicated_k, replicated_v) -> None:
+    """The Ulysses path's first check: varlen excludes replicated tokens.
+
+    (The path then checks "all three or none" after the all-to-all's asserts, where sglang asserts
+    k/v when ``replicated_q`` is given; sglang silently ignores a lone ``replicated_k``, here any
+    partial set raises.)
+    """
+    if seq_lens is not None and any(x is not None for x in (replicated_q, replicated_k, replicated_v)):
+        raise ValueError("Varlen Ulysses attention does not support replicated QKV")
+
+
+def check_replicated_shapes(
+    replicated_q: torch.Tensor, replicated_k: torch.Tensor, replicated_v: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+) -> None:
+    """Replicated tokens look like q/k/v apart from their sequence length ``S_r`` (dim 1)."""
+    check_tensors(replicated_q=replicated_q, replicated_k=replicated_k, replicated_v=replicated_v)
+    check_4d(replicated_q=replicated_q, replicated_k=replicated_k, replicated_v=replicated_v)
+    pairs = (("replicated_q", replicated_q, q), ("replicated_k", replicated_k, k), ("replicated_v", replicated_v, v))
+    for name, rep, x in pairs:
+        if rep.dtype != x.dtype or rep.device != x.device:
+            raise ValueError(
+                f"{name} must have the dtype and device of {name[-1]} ({x.dtype}, {x.device}), "
+                f"got {rep.dtype}, {rep.device}"
+            )
+        if rep.shape[0] != x.shape[0] or rep.shape[2:] != x.shape[2:]:
+            raise ValueError(
+                f"{name} must be [batch, S_r, heads, head_dim] = [{x.shape[0]}, S_r, {x.shape[2]}, "
+                f"{x.shape[3]}] like {name[-1]}, got {tuple(rep.shape)}"
+            )
+    if not (replicated_q.shape[1] == replicated_k.shape[1] == replicated_v.shape[1]):
+        raise ValueError(
+            "replicated_q, replicated_k and replicated_v must have the same sequence length (dim 1), got "
+            f"{replicated_q.shape[1]}, {replicated_k.shape[1]}, {replicated_v.shape[1]}"
+        )

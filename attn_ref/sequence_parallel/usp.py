@@ -43,11 +43,7 @@ from ..error_notes import catalogued
 from .agreement import describe, run_checks_on_every_rank
 from .checks import (
     check_4d,
-    check_kv_lengths,
-    check_no_attn_mask,
     check_no_dropout,
-    check_replicated_fits,
-    check_replicated_modes,
     check_tensors,
     check_usp_heads_split,
     check_zigzag_rows,
@@ -266,3 +262,52 @@ def _join_replicated(rep: torch.Tensor, shard: torch.Tensor, position: float) ->
     parts = [rep, shard] if position == PREFIX_POSITION else [shard, rep]
     return torch.cat(parts, dim=1)
 
+
+# ---------------------------------------------------------------------------------------------------
+# Argument checks of this module
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_no_attn_mask(attn_mask: object) -> None:
+    """Padding masks (sglang's masked USP path) are not implemented."""
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "attn_mask is not supported by this USPAttention (no padding-mask path); pass attn_mask=None "
+            "and shard sequences of equal length"
+        )
+
+
+def check_replicated_modes(
+    num_replicated_prefix: int, num_replicated_suffix: int, num_replicated_kv_prefix: int
+) -> int:
+    """Counts are ints >= 0, at most one is set (sglang's text). Returns how many are set."""
+    check_count("num_replicated_prefix", num_replicated_prefix)
+    check_count("num_replicated_suffix", num_replicated_suffix)
+    check_count("num_replicated_kv_prefix", num_replicated_kv_prefix)
+    active = sum(int(n > 0) for n in (num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix))
+    if active > 1:
+        raise ValueError("USPAttention supports at most one replicated-token mode per call.")
+    return active
+
+
+def check_count(name: str, value: object) -> None:
+    """``value`` is an int (not a bool) >= 0: a number of replicated tokens."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def check_replicated_fits(name: str, count: int, seq_len: int) -> None:
+    """A replicated prefix/suffix of ``count`` rows leaves at least one sharded row in q."""
+    if count >= seq_len:
+        raise ValueError(
+            f"{name} ({count}) must be smaller than q's local sequence length ({seq_len}): the replicated "
+            "tokens are part of q, and every rank needs at least one sharded token"
+        )
+
+
+def check_kv_lengths(k: torch.Tensor, v: torch.Tensor) -> None:
+    """Cross-attention K/V (any length, every rank holds them whole): k and v have the same rows."""
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same sequence length (dim 1), got {k.shape[1]} and {v.shape[1]}")

@@ -1,0 +1,45 @@
+"""``docs/contributing.md`` names real files: its recipes list every file a change touches.
+
+A recipe that names a file which is not there (moved, renamed) sends a contributor looking; one that
+leaves out the backward lets a new mask or argument silently miss it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+#: A backticked repository path: a folder and a file name with an extension.
+PATH = re.compile(r"`((?:attn_ref|kernels|tests|docs|errors|scripts|benchmarks|docs_hooks|tutorials_src)/[\w./-]+\.\w+)`")
+
+
+def recipe(title: str) -> str:
+    """The text of the section ``### <title>`` up to the next heading."""
+    return re.search(r"^### " + re.escape(title) + r".*?\n(.*?)(?=^#)", TEXT, re.M | re.S).group(1)
+
+
+RECIPES = {"argument": recipe("A new argument"), "mask": recipe("A new mask type"), "kernel": recipe("A new kernel")}
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_file_a_recipe_names_exists(name):
+    paths = PATH.findall(RECIPES[name])
+    assert len(paths) >= 5, paths
+    missing = [p for p in paths if "<" not in p and not (ROOT / p).is_file()]
+    assert not missing, missing
+
+
+def test_every_file_the_page_names_exists():
+    missing = sorted({p for p in PATH.findall(TEXT) if "<" not in p and not (ROOT / p).exists()})
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("name", ["argument", "mask"])
+def test_the_mask_and_argument_recipes_include_the_backward(name):
+    paths = set(PATH.findall(RECIPES[name]))
+    assert {"attn_ref/backward.py", "kernels/backward.py", "tests/backward_cases.py",
+            "tests/test_backward_reference.py", "tests/test_backward_kernels.py"} <= paths

@@ -1,8 +1,8 @@
 """Random, valid ``flash_attn_with_kvcache`` inputs for tests (reference, oracle and kernels alike).
 
 :func:`make_case` (the keyword arguments of one call, every per-sequence length drawn at random in
-its legal range) and :func:`clone_args` come from :mod:`benchmarks.calls`, the factory the benchmarks
-build their problems with; the tests import them from here.
+its legal range) and :func:`clone_args` come from :mod:`attn_ref.conformance.calls`, the factory the
+benchmarks build their problems with and the conformance suite its probes; the tests import them from here.
 
 :data:`REF` and :data:`KERNELS` are the implementations a test takes as its parameter
 (:class:`Implementation`: the function, its device, its shape multiplier); :func:`over` builds the
@@ -20,7 +20,7 @@ import torch
 
 import attn_ref
 import kernels
-from benchmarks.calls import clone_args, make_case  # noqa: F401  (the tests' case factory)
+from attn_ref.conformance.calls import clone_args, make_case  # noqa: F401  (the tests' case factory)
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")

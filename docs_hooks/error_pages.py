@@ -39,7 +39,7 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:  # mkdocs loads hoo
 from docs_hooks import error_outputs  # noqa: E402
 
 SECTION = "Errors"
-AFTER = "Benchmarks"
+AFTER = "Side by side"
 EXAMPLE_TABS = [("trigger", "Triggers the error"), ("fixed", "Fixed"), ("guard", "Guard"),
                 ("predicate", "Predicate"), ("recovery", "Recovery")]
 REQUIREMENTS = {"cuda": "a CUDA GPU", "triton": "Triton"}

@@ -95,7 +95,7 @@ def test_comm_volume_chart_draws_ulysses_only_at_valid_degrees():
     spec.loader.exec_module(figures)
     ulysses = next(line for line in figures.comm_volume().axes[0].lines if line.get_label().startswith("Ulysses"))
     degrees = [int(p) for p in ulysses.get_xdata()]
-    assert degrees and all(8 % p == 0 for p in degrees), degrees  # H_k = 8 KV heads
+    assert degrees and all(8 % p == 0 for p in degrees), degrees  # h_k = 8 KV heads
 
 
 def test_source_include_finds_definitions():

@@ -209,6 +209,17 @@ def test_api_tables_have_one_row_per_parameter_with_its_default(site, page, qual
     assert parameter_rows(site, page, qualname) == expected
 
 
+
+@pytest.mark.parametrize("page", ["attn_ref", "kernels", "sequence_parallel", "errors"])
+def test_api_reference_examples_run(page):
+    """The examples of docs/reference/<page>.md, run top to bottom as one script (their asserts hold)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8"), re.S)
+    assert blocks, page
+    result = subprocess.run([sys.executable, "-c", "\n".join(blocks)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 PAIR = re.compile(r'<div class="side-by-side" markdown>\n\n=== "Reference"\n(?P<ref>.*?)\n=== "Kernel"\n(?P<kernel>.*?)\n</div>', re.S)
 
 
@@ -569,6 +580,11 @@ def test_browser_home_and_an_error_page(browser, catalog):
     page = browser.open(f"/errors/{entry['id']}/")
     assert heading(page) == entry["summary"]
     assert page.locator("article").get_by_text("What it means").count() == 1
+    # The longest message and its captured output wrap at 1400 px: nothing is cut at the column's edge.
+    longest = max((e for e in catalog["errors"] if e["status"] == "active"), key=lambda e: len(e["message"]["template"]))
+    page = browser.open(f"/errors/{longest['id']}/")
+    widths = page.evaluate("() => [...document.querySelectorAll('.error-text pre > code')].map(c => [c.scrollWidth, c.clientWidth])")
+    assert len(widths) == 2 and all(scroll <= client + 1 for scroll, client in widths), (longest["id"], widths)
     assert browser.problems() == []
 
 

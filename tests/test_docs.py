@@ -220,6 +220,28 @@ def test_api_reference_examples_run(page):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+
+def parameter_types(site: Path, page: str, qualname: str) -> dict[str, str]:
+    """``{name: type}`` of the Parameters table of ``qualname`` on an API page."""
+    text = (site / page).read_text(encoding="utf-8")
+    table = text[text.index(f'id="{qualname}"'):].split("Parameters:", 1)[1].split("</table>", 1)[0]
+    types = {}
+    for row in re.findall(r'<tr class="doc-section-item">(.*?)</tr>', table, re.S):
+        cells = [html.unescape(re.sub(r"<[^>]+>", "", cell)).strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
+        types[cells[0]] = cells[1]
+    return types
+
+
+@pytest.mark.parametrize("page, qualname", [
+    ("reference/attn_ref/index.html", "attn_ref.attention_with_lse"),
+    ("reference/kernels/index.html", "kernels.kvcache.attend"),
+    ("reference/sequence_parallel/index.html", "attn_ref.sequence_parallel.ring_flash_attn.ring_flash_attn_func"),
+])
+def test_api_tables_give_every_parameter_a_type(site, page, qualname):
+    types = parameter_types(site, page, qualname)
+    assert types and all(types.values()), {name: kind for name, kind in types.items() if not kind}
+
+
 PAIR = re.compile(r'<div class="side-by-side" markdown>\n\n=== "Reference"\n(?P<ref>.*?)\n=== "Kernel"\n(?P<kernel>.*?)\n</div>', re.S)
 
 

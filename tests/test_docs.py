@@ -233,6 +233,7 @@ def parameter_types(site: Path, page: str, qualname: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("page, qualname", [
+    ("reference/attn_ref/index.html", "attn_ref.flash_attn_with_kvcache"),
     ("reference/attn_ref/index.html", "attn_ref.attention_with_lse"),
     ("reference/kernels/index.html", "kernels.kvcache.attend"),
     ("reference/sequence_parallel/index.html", "attn_ref.sequence_parallel.ring_flash_attn.ring_flash_attn_func"),

@@ -145,12 +145,12 @@ def gqa() -> None:
 
 
 MASK_PANELS = [
-    ("causal, sq = sk = 6", dict(seqlen_q=6, seqlen_k=6, causal=True)),
-    ("causal, sq = 2, sk = 5", dict(seqlen_q=2, seqlen_k=5, causal=True)),
-    ("causal, sq = 5, sk = 2", dict(seqlen_q=5, seqlen_k=2, causal=True)),
-    ("window (2, 1), sq = 4, sk = 8", dict(seqlen_q=4, seqlen_k=8, window_size=(2, 1))),
-    ("causal + window (2, 0), sq = 4, sk = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, window_size=(2, 0))),
-    ("chunk 3, causal, sq = 4, sk = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, attention_chunk=3)),
+    ("causal, s_q = s_k = 6", dict(seqlen_q=6, seqlen_k=6, causal=True)),
+    ("causal, s_q = 2, s_k = 5", dict(seqlen_q=2, seqlen_k=5, causal=True)),
+    ("causal, s_q = 5, s_k = 2", dict(seqlen_q=5, seqlen_k=2, causal=True)),
+    ("window (2, 1), s_q = 4, s_k = 8", dict(seqlen_q=4, seqlen_k=8, window_size=(2, 1))),
+    ("causal + window (2, 0), s_q = 4, s_k = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, window_size=(2, 0))),
+    ("chunk 3, causal, s_q = 4, s_k = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, attention_chunk=3)),
 ]
 
 
@@ -176,7 +176,7 @@ def masks() -> None:
                 ax.add_patch(Rectangle((diag, i), 1, 1, fill=False, edgecolor=RANK[1], lw=2))
         for j in range(sk):
             ax.text(j + 0.5, -0.3, f"{j}", ha="center", fontsize=7, color="#777777")
-    fig.text(0.5, 0.04, "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = sk - sq "
+    fig.text(0.5, 0.04, "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = s_k - s_q "
              "(the query's own position, bottom-right aligned)", ha="center", fontsize=8)
     return fig
 

@@ -175,6 +175,38 @@ def test_retired_symbol_patterns_match_what_they_retire():
         assert not any(re.search(pattern, fine) for pattern in RETIRED), fine
 
 
+
+def ring_step_cell(rank: int, step: int, ranks: int, zigzag: bool) -> str:
+    """What the ring concept page's per-step table says rank ``rank`` computes at step ``step``, derived
+    from the ring's own plan (:func:`attn_ref.sequence_parallel.ring._blocks`, causal, 8 rows a rank)."""
+    from attn_ref.sequence_parallel.ring import _blocks, block_chunks
+
+    source, rows, half = (rank - step) % ranks, 8, slice(0, 4)
+    blocks = [(b.q_rows, b.k_rows, b.causal)
+              for b in _blocks(block_chunks(rank, ranks, rows, zigzag), block_chunks(source, ranks, rows, zigzag), True)]
+    if not zigzag:
+        whole = (slice(0, 8), slice(0, 8))
+        what = [([], "skipped"), ([whole + (True,)], "causal square"), ([whole + (False,)], "all of it")]
+        return f"block {source}: " + next(text for plan, text in what if plan == blocks)
+    if step == 0:
+        assert sum(causal for _, _, causal in blocks) == 2
+        what = "own block, causal"
+    elif blocks == [(slice(0, 8), half, False)]:
+        what = f"all q × chunk {source}"
+    else:
+        assert blocks == [(slice(4, 8), slice(0, 8), False)], blocks
+        what = "late q × both"
+    return f"{source}, {2 * ranks - 1 - source}: {what}"
+
+
+def test_ring_step_tables_are_what_the_ring_computes():
+    text = (ROOT / "docs" / "concepts" / "sequence-parallel.md").read_text(encoding="utf-8")
+    for zigzag, first in ((False, "| rank | step 0 |"), (True, "| rank (its chunks) | step 0 |")):
+        table = text[text.index(first):].split("\n\n", 1)[0].splitlines()[2:]
+        cells = [[cell.strip() for cell in row.strip("|").split("|")][1:] for row in table]
+        assert cells == [[ring_step_cell(r, t, 4, zigzag) for t in range(4)] for r in range(4)], zigzag
+
+
 def test_source_include_finds_definitions():
     path = ROOT / "attn_ref" / "masks.py"
     start, end = definition_lines(path, "visible_keys")

@@ -17,7 +17,7 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 SECTION = "Benchmarks"
-AFTER = "Tutorials"
+AFTER = "Side by side"
 DEVICES = {"cuda": "GPU: Triton kernels", "cpu": "CPU: the PyTorch reference"}
 INTRO = """---
 hide: [navigation]

@@ -39,9 +39,13 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:  # mkdocs loads hoo
 from docs_hooks import error_outputs  # noqa: E402
 
 SECTION = "Errors"
-AFTER = "Benchmarks"
+AFTER = "Side by side"
 EXAMPLE_TABS = [("trigger", "Triggers the error"), ("fixed", "Fixed"), ("guard", "Guard"),
                 ("predicate", "Predicate"), ("recovery", "Recovery")]
+#: Material's search boost of an entry page: below 1, so that concept words (``cache_seqlens``, "ring
+#: attention") rank the concept pages and tutorials above the 100-odd entries that mention them; a pasted
+#: message still opens its entry first (error-search.js matches it against the catalog's regexes).
+SEARCH_BOOST = 0.1
 REQUIREMENTS = {"cuda": "a CUDA GPU", "triton": "Triton"}
 #: Section names of the catalog's areas (an area not listed reads as its name with spaces).
 AREAS = {"arguments": "Arguments", "fp8": "FP8 inputs", "kv_cache": "KV cache", "merge": "Merging states",
@@ -95,6 +99,11 @@ def _fence(code: str, lang: str = "python", options: str = "") -> str:
     return f"{head}\n{code.rstrip()}\n{ticks}"
 
 
+def _wrapped(block: str) -> str:
+    """A block whose long lines wrap instead of scrolling (messages and outputs: ``.error-text`` in extra.css)."""
+    return f'<div class="error-text" markdown>\n\n{block}\n\n</div>'
+
+
 def _indent(text: str, spaces: int = 4) -> str:
     return textwrap.indent(text, " " * spaces)
 
@@ -108,7 +117,8 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
     """The markdown of an entry's page; ``output``: what its trigger printed (the real exception)."""
     message, when, examples, source = entry["message"], entry["when_it_happens"], entry["examples"], entry["source"]
     lines = [
-        "---", f"title: {json.dumps(entry['summary'])}", f"description: {json.dumps(entry['summary'])}", "---", "",
+        "---", f"title: {json.dumps(entry['summary'])}", f"description: {json.dumps(entry['summary'])}",
+        f"search: {{boost: {SEARCH_BOOST}}}", "---", "",
         f"# {entry['summary']}", "",
         f"`{entry['exception']['type']}` · {area_title(entry['area'])} · slug `{entry['slug']}` · "
         f"id `{entry['id']}` · [JSON](../api/errors/{entry['id']}.json)", "",
@@ -120,13 +130,13 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
                   _indent("attn-ref never raises this error: upstream does (the messages under "
                           "[Also raised upstream as](#also-raised-upstream-as)). The examples check when upstream "
                           "raises it and run the same computation with attn-ref."), ""]
-    lines += ["## Error message", "", _fence(message["template"], "text"), ""]
+    lines += ["## Error message", "", _wrapped(_fence(message["template"], "text")), ""]
     renamed = [p for p in message["placeholders"] if p["expr"] != p["name"]]
     if renamed:
         lines += ["Placeholders: " + ", ".join(f"`{{{p['name']}}}` is `{p['expr']}`" for p in renamed) + ".", ""]
     if output is not None:
         lines += ["What Python prints at the end of the traceback when the [trigger](#example-fix) runs "
-                  "(captured when this page was built):", "", _fence(output, "text"), ""]
+                  "(captured when this page was built):", "", _wrapped(_fence(output, "text")), ""]
     aliases = entry.get("external_aliases", [])
     if aliases:
         lines += ["Also known as: " + "; ".join(_alias(alias) for alias in aliases) + ".", ""]

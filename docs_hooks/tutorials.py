@@ -1,7 +1,7 @@
 """MkDocs hook: the notebooks of ``docs/tutorials/`` as a "Tutorials" section, with their titles intact.
 
 * Nav: every ``docs/tutorials/*.ipynb`` is listed, in file-name order (``01_...``, ``02_...``), after
-  "Side by side". mkdocs-jupyter renders them (``execute: false``: they are committed executed).
+  "Concepts" (the learning path: concepts, tutorials, side by side, errors). mkdocs-jupyter renders them (``execute: false``: they are committed executed).
 * Titles and anchors: mkdocs-jupyter builds a notebook's table of contents from its own markdown
   pass, which drops inline code: a heading "`cache_seqlens`: one length per sequence" becomes
   ": one length per sequence" with an id that the rendered page does not have. So the nav title is
@@ -24,7 +24,7 @@ from mkdocs.structure.files import File
 from mkdocs.structure.toc import get_toc
 
 SECTION = "Tutorials"
-AFTER = "Side by side"
+AFTER = "Concepts"
 SOURCES = "tutorials_src"
 HEADING = re.compile(r'<h(?P<level>[1-6]) id="(?P<id>[^"]+)"[^>]*>(?P<inner>.*?)</h(?P=level)>', re.S)
 

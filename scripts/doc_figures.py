@@ -9,6 +9,7 @@ stays text (``svg.fonttype = none``).
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -139,17 +140,17 @@ def gqa() -> None:
         cell(ax, 1.2 + g * 5.8, 3.0, RANK[g], f"k{g}, v{g}", w=1.6)
     ax.text(-2.1, 0.5, "query heads\nh = 8", va="center", fontsize=8)
     ax.text(-2.1, 3.5, "KV heads\nh_k = 2", va="center", fontsize=8)
-    ax.text(4.6, 4.4, "query head h reads KV head h // (h / h_k)", ha="center", fontsize=9, family="monospace")
+    ax.text(4.6, 4.4, "query head head reads KV head head // g,  g = h / h_k", ha="center", fontsize=9, family="monospace")
     return fig
 
 
 MASK_PANELS = [
-    ("causal, sq = sk = 6", dict(seqlen_q=6, seqlen_k=6, causal=True)),
-    ("causal, sq = 2, sk = 5", dict(seqlen_q=2, seqlen_k=5, causal=True)),
-    ("causal, sq = 5, sk = 2", dict(seqlen_q=5, seqlen_k=2, causal=True)),
-    ("window (2, 1), sq = 4, sk = 8", dict(seqlen_q=4, seqlen_k=8, window_size=(2, 1))),
-    ("causal + window (2, 0), sq = 4, sk = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, window_size=(2, 0))),
-    ("chunk 3, causal, sq = 4, sk = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, attention_chunk=3)),
+    ("causal, s_q = s_k = 6", dict(seqlen_q=6, seqlen_k=6, causal=True)),
+    ("causal, s_q = 2, s_k = 5", dict(seqlen_q=2, seqlen_k=5, causal=True)),
+    ("causal, s_q = 5, s_k = 2", dict(seqlen_q=5, seqlen_k=2, causal=True)),
+    ("window (2, 1), s_q = 4, s_k = 8", dict(seqlen_q=4, seqlen_k=8, window_size=(2, 1))),
+    ("causal + window (2, 0), s_q = 4, s_k = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, window_size=(2, 0))),
+    ("chunk 3, causal, s_q = 4, s_k = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, attention_chunk=3)),
 ]
 
 
@@ -175,7 +176,7 @@ def masks() -> None:
                 ax.add_patch(Rectangle((diag, i), 1, 1, fill=False, edgecolor=RANK[1], lw=2))
         for j in range(sk):
             ax.text(j + 0.5, -0.3, f"{j}", ha="center", fontsize=7, color="#777777")
-    fig.text(0.5, 0.04, "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = sk - sq "
+    fig.text(0.5, 0.04, "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = s_k - s_q "
              "(the query's own position, bottom-right aligned)", ha="center", fontsize=8)
     return fig
 
@@ -245,6 +246,33 @@ def ring_and_zigzag() -> None:
     return fig
 
 
+def ring_steps() -> None:
+    """The ring, P = 4: ranks pass K/V to r + 1 (left); which rank's block each rank holds at step t (right).
+
+    Drawn narrow (about 4.6 in) with 10 pt labels, so that they stay legible on a 420 px screen.
+    """
+    P = 4
+    fig, ax = canvas(4.6, 2.9, (-3.6, P + 0.2), (-1.3, P + 0.6))
+    centre, radius = (-2.0, 1.9), 1.15
+    spots = [(centre[0] + radius * math.sin(2 * math.pi * r / P), centre[1] - radius * math.cos(2 * math.pi * r / P))
+             for r in range(P)]
+    for r, (x, y) in enumerate(spots):
+        nx, ny = spots[(r + 1) % P]
+        arrow(ax, (x + 0.28 * (nx - x), y + 0.28 * (ny - y)), (nx - 0.28 * (nx - x), ny - 0.28 * (ny - y)))
+        cell(ax, x - 0.32, y - 0.32, RANK[r], f"r{r}", w=0.64, h=0.64, size=10)
+    ax.text(centre[0], -0.85, "send to r+1", ha="center", fontsize=10)
+    for t in range(P):
+        ax.text(t + 0.5, -0.35, f"t={t}", ha="center", fontsize=10)
+        for r in range(P):
+            s = (r - t) % P
+            cell(ax, t, r, RANK[s], f"kv{s}", size=10)
+    for r in range(P):
+        ax.text(-0.12, r + 0.5, f"r{r}", ha="right", va="center", fontsize=10)
+    ax.text(P / 2, -0.85, "block held at step t", ha="center", fontsize=10)
+    ax.text(P / 2, P + 0.35, "kv(r - t) mod P", ha="center", fontsize=10, family="monospace")
+    return fig
+
+
 def usp() -> None:
     """USP with U = 2, R = 2: Ulysses groups are contiguous ranks, ring groups are strided."""
     fig, ax = canvas(5.5, 3.4, (-2.6, 6.6), (-1.6, 4.6))
@@ -263,25 +291,25 @@ def usp() -> None:
 
 
 def comm_volume() -> None:
-    """Elements each rank receives per layer, in units of S·D, for H = 32, H_k = 8.
+    """Elements each rank receives per layer, in units of S·d, for h = 32, h_k = 8.
 
-    Ulysses is drawn only where it is valid, ``H_k % P == 0`` (P <= 8 here); USP keeps ``U = 2``.
+    Ulysses is drawn only where it is valid, ``h_k % P == 0`` (P <= 8 here); USP keeps ``U = 2``.
     """
-    H, Hk = 32, 8
+    h, h_k = 32, 8
     degrees = [2, 4, 8, 16, 32]
-    ulysses_degrees = [p for p in degrees if Hk % p == 0]
-    ulysses = [(p - 1) / p / p * (2 * H + 2 * Hk) for p in ulysses_degrees]
-    gather = [2 * (p - 1) / p * Hk for p in degrees]
-    usp = [(2 - 1) / 2 / p * (2 * H + 2 * Hk) + (p // 2 - 1) / (p // 2) * 2 * Hk / 2 for p in degrees]
+    ulysses_degrees = [p for p in degrees if h_k % p == 0]
+    ulysses = [(p - 1) / p / p * (2 * h + 2 * h_k) for p in ulysses_degrees]
+    gather = [2 * (p - 1) / p * h_k for p in degrees]
+    usp = [(2 - 1) / 2 / p * (2 * h + 2 * h_k) + (p // 2 - 1) / (p // 2) * 2 * h_k / 2 for p in degrees]
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    ax.plot(ulysses_degrees, ulysses, "o-", color=RANK[0], label=f"Ulysses (4 all-to-alls; needs H_k % P = 0: P ≤ {Hk})")
+    ax.plot(ulysses_degrees, ulysses, "o-", color=RANK[0], label=f"Ulysses (4 all-to-alls; needs h_k % P = 0: P ≤ {h_k})")
     ax.plot(degrees, gather, "s-", color=RANK[1], label="ring = K/V gather (K and V of the other ranks)")
     ax.plot(degrees, usp, "^-", color=RANK[2], label="USP with U = 2, R = P / 2")
     ax.set_xscale("log", base=2)
     ax.set_xticks(degrees, [str(p) for p in degrees])
     ax.set_xlabel("sequence-parallel degree P")
-    ax.set_ylabel("received per rank  [S · D elements]")
-    ax.set_title("per-layer communication, H = 32 query heads, H_k = 8 KV heads", fontsize=9)
+    ax.set_ylabel("received per rank  [S · d elements]")
+    ax.set_title("per-layer communication, h = 32 query heads, h_k = 8 KV heads", fontsize=9)
     ax.grid(alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(fontsize=8, frameon=False)
@@ -296,6 +324,7 @@ FIGURES = {
     "masks.svg": masks,
     "split_kv.svg": split_kv,
     "ulysses.svg": ulysses,
+    "ring_steps.svg": ring_steps,
     "ring_zigzag.svg": ring_and_zigzag,
     "usp.svg": usp,
     "comm_volume.svg": comm_volume,

@@ -95,7 +95,116 @@ def test_comm_volume_chart_draws_ulysses_only_at_valid_degrees():
     spec.loader.exec_module(figures)
     ulysses = next(line for line in figures.comm_volume().axes[0].lines if line.get_label().startswith("Ulysses"))
     degrees = [int(p) for p in ulysses.get_xdata()]
-    assert degrees and all(8 % p == 0 for p in degrees), degrees  # H_k = 8 KV heads
+    assert degrees and all(8 % p == 0 for p in degrees), degrees  # h_k = 8 KV heads
+
+
+
+#: Control characters a text source must not hold: all of C0 but the newline, and DEL (a TAB typed
+#: where `\t` of `\text` was meant rendered tutorial 1's accuracy rule as "ext").
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
+
+
+def notebook_texts(path: Path) -> list[tuple[str, str]]:
+    """``(where, text)`` of a notebook's cell sources and text outputs (not images)."""
+    texts = []
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        texts.append((f"{cell.get('id')} source", "".join(cell["source"])))
+        for output in cell.get("outputs", []):
+            texts.append((f"{cell.get('id')} output", "".join(output.get("text", ""))))
+            for kind in ("text/plain", "text/markdown", "text/html"):
+                texts.append((f"{cell.get('id')} {kind}", "".join(output.get("data", {}).get(kind, ""))))
+    return texts
+
+
+def doc_sources() -> list[Path]:
+    """The hand-written text of the site: markdown pages, tutorial sources, README."""
+    return sorted((ROOT / "docs").rglob("*.md")) + sorted((ROOT / "tutorials_src").glob("*.py")) + [ROOT / "README.md"]
+
+
+def test_no_control_characters_in_docs_tutorials_and_notebooks():
+    found = []
+    for path in doc_sources():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if CONTROL.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line!r}")
+    for path in sorted((ROOT / "docs" / "tutorials").glob("*.ipynb")):
+        found += [f"{path.relative_to(ROOT)} {where}: {CONTROL.search(text).group()!r}"
+                  for where, text in notebook_texts(path) if CONTROL.search(text)]
+    assert not found, "control characters (a TAB for \\t?):\n" + "\n".join(found)
+
+
+def test_control_character_rule_catches_a_tab():
+    assert CONTROL.search(r"max|\text{out}|") is None  # TeX as written in a raw string
+    assert CONTROL.search("max|\text{out}|") is not None  # the TAB that "\t" in a plain string is
+    assert CONTROL.search("line one\nline two") is None
+
+
+#: Spellings docs/notation.md retired, each with what replaces it. They may appear only in that page's
+#: "Retired spellings" table.
+RETIRED = {
+    r"\bH_kv\b|\bHkv\b|H_\{kv\}|\bH_k\b|\bH_\{k\}": "h_k (the number of KV heads)",
+    r"\(b_k, max_pages\)": "(b, max_pages): one page-table row per sequence of the batch",
+    r"KV head `?g`?\b|\bg = h // \(h": "kv_head = head // g (g is the group size h / h_k)",
+    r"[Qq]uery head `h`|[Qq]uery head \$h\$|σ_h\b": "head (h is the number of query heads)",
+    r"pages of `P` tokens|`\(num_pages, P,": "page_size (P is the number of ranks)",
+}
+
+
+def test_docs_use_the_notation_page_symbols():
+    sources = doc_sources() + [ROOT / "scripts" / "doc_figures.py"] + sorted((ROOT / "docs" / "figures").glob("*.svg"))
+    notation = (ROOT / "docs" / "notation.md").read_text(encoding="utf-8")
+    assert "## Retired spellings" in notation
+    found = []
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        if path.name == "notation.md":
+            text = text.split("## Retired spellings", 1)[0]
+        for number, line in enumerate(text.splitlines(), 1):
+            for pattern, use in RETIRED.items():
+                if re.search(pattern, line):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]!r}: use {use}")
+    assert not found, "retired symbols (docs/notation.md):\n" + "\n".join(found)
+
+
+def test_retired_symbol_patterns_match_what_they_retire():
+    samples = ["`H_kv` heads", "Hkv = 4", "$H_{kv}$", "`(b_k, max_pages)`", "served by KV head `g = h // (h / h_k)`",
+               "Query head `h` reads", "σ_h", "pages of `P` tokens"]
+    for sample in samples:
+        assert any(re.search(pattern, sample) for pattern in RETIRED), sample
+    for fine in ["`h_k` KV heads", "`(b, max_pages)`", "kv_head = head // g", "`page_size`", "g = h / h_k"]:
+        assert not any(re.search(pattern, fine) for pattern in RETIRED), fine
+
+
+
+def ring_step_cell(rank: int, step: int, ranks: int, zigzag: bool) -> str:
+    """What the ring concept page's per-step table says rank ``rank`` computes at step ``step``, derived
+    from the ring's own plan (:func:`attn_ref.sequence_parallel.ring._blocks`, causal, 8 rows a rank)."""
+    from attn_ref.sequence_parallel.ring import _blocks, block_chunks
+
+    source, rows, half = (rank - step) % ranks, 8, slice(0, 4)
+    blocks = [(b.q_rows, b.k_rows, b.causal)
+              for b in _blocks(block_chunks(rank, ranks, rows, zigzag), block_chunks(source, ranks, rows, zigzag), True)]
+    if not zigzag:
+        whole = (slice(0, 8), slice(0, 8))
+        what = [([], "skipped"), ([whole + (True,)], "causal square"), ([whole + (False,)], "all of it")]
+        return f"block {source}: " + next(text for plan, text in what if plan == blocks)
+    if step == 0:
+        assert sum(causal for _, _, causal in blocks) == 2
+        what = "own block, causal"
+    elif blocks == [(slice(0, 8), half, False)]:
+        what = f"all q × chunk {source}"
+    else:
+        assert blocks == [(slice(4, 8), slice(0, 8), False)], blocks
+        what = "late q × both"
+    return f"{source}, {2 * ranks - 1 - source}: {what}"
+
+
+def test_ring_step_tables_are_what_the_ring_computes():
+    text = (ROOT / "docs" / "concepts" / "sequence-parallel.md").read_text(encoding="utf-8")
+    for zigzag, first in ((False, "| rank | step 0 |"), (True, "| rank (its chunks) | step 0 |")):
+        table = text[text.index(first):].split("\n\n", 1)[0].splitlines()[2:]
+        cells = [[cell.strip() for cell in row.strip("|").split("|")][1:] for row in table]
+        assert cells == [[ring_step_cell(r, t, 4, zigzag) for t in range(4)] for r in range(4)], zigzag
 
 
 def test_source_include_finds_definitions():
@@ -130,6 +239,40 @@ def test_api_tables_have_one_row_per_parameter_with_its_default(site, page, qual
     signature = inspect.signature(getattr(importlib.import_module(module), name))
     expected = [(p.name, "required" if p.default is p.empty else repr(p.default)) for p in signature.parameters.values()]
     assert parameter_rows(site, page, qualname) == expected
+
+
+
+@pytest.mark.parametrize("page", ["attn_ref", "kernels", "sequence_parallel", "errors"])
+def test_api_reference_examples_run(page):
+    """The examples of docs/reference/<page>.md, run top to bottom as one script (their asserts hold)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8"), re.S)
+    assert blocks, page
+    result = subprocess.run([sys.executable, "-c", "\n".join(blocks)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+
+def parameter_types(site: Path, page: str, qualname: str) -> dict[str, str]:
+    """``{name: type}`` of the Parameters table of ``qualname`` on an API page."""
+    text = (site / page).read_text(encoding="utf-8")
+    table = text[text.index(f'id="{qualname}"'):].split("Parameters:", 1)[1].split("</table>", 1)[0]
+    types = {}
+    for row in re.findall(r'<tr class="doc-section-item">(.*?)</tr>', table, re.S):
+        cells = [html.unescape(re.sub(r"<[^>]+>", "", cell)).strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
+        types[cells[0]] = cells[1]
+    return types
+
+
+@pytest.mark.parametrize("page, qualname", [
+    ("reference/attn_ref/index.html", "attn_ref.flash_attn_with_kvcache"),
+    ("reference/attn_ref/index.html", "attn_ref.attention_with_lse"),
+    ("reference/kernels/index.html", "kernels.kvcache.attend"),
+    ("reference/sequence_parallel/index.html", "attn_ref.sequence_parallel.ring_flash_attn.ring_flash_attn_func"),
+])
+def test_api_tables_give_every_parameter_a_type(site, page, qualname):
+    types = parameter_types(site, page, qualname)
+    assert types and all(types.values()), {name: kind for name, kind in types.items() if not kind}
 
 
 PAIR = re.compile(r'<div class="side-by-side" markdown>\n\n=== "Reference"\n(?P<ref>.*?)\n=== "Kernel"\n(?P<kernel>.*?)\n</div>', re.S)
@@ -493,6 +636,89 @@ def test_browser_home_and_an_error_page(browser, catalog):
     page = browser.open(f"/errors/{entry['id']}/")
     assert heading(page) == entry["summary"]
     assert page.locator("article").get_by_text("What it means").count() == 1
+    # The longest message and its captured output wrap at 1400 px: nothing is cut at the column's edge.
+    longest = max((e for e in catalog["errors"] if e["status"] == "active"), key=lambda e: len(e["message"]["template"]))
+    page = browser.open(f"/errors/{longest['id']}/")
+    widths = page.evaluate("() => [...document.querySelectorAll('.error-text pre > code')].map(c => [c.scrollWidth, c.clientWidth])")
+    assert len(widths) == 2 and all(scroll <= client + 1 for scroll, client in widths), (longest["id"], widths)
+    assert browser.problems() == []
+
+
+
+#: The learning path of the home page's "Start here" list, in order (URL path endings).
+LEARNING_PATH = ["notation/", "concepts/", "tutorials/01_kvcache_decoding/", "tutorials/02_masks_and_positions/",
+                 "tutorials/03_mla_qv_only_qv/", "tutorials/04_flash_decoding/", "tutorials/05_sequence_parallel/",
+                 "tutorials/06_error_catalog/", "tutorials/07_backward/", "tutorials/09_conformance/",
+                 "side-by-side/", "errors/"]
+START_HERE = """() => {
+  const list = document.getElementById("start-here").nextElementSibling.nextElementSibling;
+  return [...list.querySelectorAll("a")].map(a => a.href);
+}"""
+#: Control characters (not newline) in the text a reader sees, outside code blocks.
+SHOWN_CONTROL = r"""() => {
+  const walker = document.createTreeWalker(document.querySelector("article"), NodeFilter.SHOW_TEXT);
+  const found = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (node.parentElement.closest("pre, script, style")) continue;
+    const hit = node.textContent.match(/[\x00-\x09\x0b-\x1f\x7f]/);
+    if (hit) found.push(node.textContent.slice(0, 60));
+  }
+  return found;
+}"""
+
+
+def test_browser_learning_path_in_order(browser):
+    """The nav's first sections and the home page's "Start here" list follow the path; every page of it
+    opens, shows no control character; the ring tutorial's hand-run ring passed its assert; the ring
+    diagram keeps its size (10 pt labels) on a 420 px screen."""
+    page = browser.open("/")
+    tabs = [text.strip() for text in page.locator(".md-tabs__link").all_inner_texts()]
+    assert tabs[:6] == ["Home", "Notation", "Concepts", "Tutorials", "Side by side", "Errors"], tabs
+    links = page.evaluate(START_HERE)
+    assert [link.removeprefix(browser.served + "/") for link in links] == LEARNING_PATH
+    for link in links:
+        page = browser.open(link.removeprefix(browser.served))
+        assert heading(page), link
+        assert page.evaluate(SHOWN_CONTROL) == [], link
+    page = browser.open("/tutorials/05_sequence_parallel/")
+    assert "merged with the LSE == dense causal attention" in page.locator("article").inner_text()
+    page.set_viewport_size({"width": 420, "height": 900})
+    browser.open("/concepts/sequence-parallel/")
+    # Diagrams keep their drawn size on a phone (the wide ones scroll inside their paragraph).
+    sizes = page.evaluate("""() => [...document.querySelectorAll('article img[src$=".svg"]')]
+      .map(img => [img.getAttribute("src"), img.getBoundingClientRect().width, img.naturalWidth])""")
+    assert any(src.endswith("ring_steps.svg") for src, _, _ in sizes), sizes
+    assert all(shown >= natural - 1 for _, shown, natural in sizes), sizes  # not scaled down
+    assert page.evaluate(OVERFLOW) <= 0  # the page itself does not scroll sideways
+    page.set_viewport_size({"width": 1400, "height": 900})
+    assert browser.problems() == []
+
+
+
+#: Concept words a learner types; the first search results must be concept pages or tutorials, not
+#: error entries (entry pages carry a search boost below 1: docs_hooks/error_pages.SEARCH_BOOST).
+CONCEPT_WORDS = ["cache_seqlens", "ring attention", "page_table", "zigzag", "grouped-query", "split-KV", "softcap"]
+
+
+def search_results(browser, words: str, count: int = 3) -> list[str]:
+    """The links of the first ``count`` results Material's search lists for ``words``, typed."""
+    page = browser.page
+    page.locator("label.md-search__icon, .md-search__input").first.click()
+    box = page.locator("input.md-search__input")
+    box.fill("")
+    box.press_sequentially(words, delay=10)
+    items = page.locator(".md-search-result__item")
+    items.first.wait_for(timeout=15_000)
+    page.wait_for_timeout(300)  # the list settles after the last keystroke
+    return [items.nth(n).locator("a").first.get_attribute("href") or "" for n in range(min(count, items.count()))]
+
+
+def test_browser_search_ranks_concepts_above_error_pages(browser):
+    browser.open("/")
+    ranked = {words: search_results(browser, words) for words in CONCEPT_WORDS}
+    misranked = {words: links for words, links in ranked.items() if "/errors/" in links[0]}
+    assert not misranked, misranked
+    assert any("concepts/sequence-parallel" in link for link in ranked["ring attention"][:2]), ranked["ring attention"]
     assert browser.problems() == []
 
 

@@ -54,6 +54,15 @@ expected.shape
 #
 # `cache_seqlens` is how many tokens the cache held *before* the call. We first hand it the 4 prompt
 # tokens at once (a "prefill", causal), then decode the other 8 one at a time.
+#
+# <div class="admonition warning">
+# <p class="admonition-title">The call appends in place, and does not advance <code>cache_seqlens</code></p>
+# <p>The new <code>k</code> and <code>v</code> are written <strong>into</strong> <code>k_cache</code> and
+# <code>v_cache</code>; <code>cache_seqlens</code> is never changed by the call. After each call the caller
+# advances it by the number of new tokens (here <code>step</code> passes <code>cache_seqlens=start</code>,
+# the number of tokens appended so far). Forget it and the next call overwrites the same slots and attends
+# to a cache one step short. Copy the caches first if you still need their old contents.</p>
+# </div>
 
 # %%
 capacity, prompt = 16, 4
@@ -113,19 +122,19 @@ assert torch.equal(attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, cache_s
 # ## `page_table`: a paged cache
 #
 # Reserving `capacity` slots for every sequence wastes memory when lengths vary. A **paged** cache
-# (vLLM's PagedAttention, sglang) cuts memory into pages of `P` tokens, shared by all sequences:
-# `k_cache` becomes `(num_pages, P, heads, d)`, and a `page_table` of shape
+# (vLLM's PagedAttention, sglang) cuts memory into pages of `page_size` tokens, shared by all sequences:
+# `k_cache` becomes `(num_pages, page_size, heads, d)`, and a `page_table` of shape
 # `(batch, max_pages_per_seq)` lists the pages of each sequence in order. Position $p$ of sequence
 # $r$ lives at
 #
-# $$\mathtt{k\_cache}[\,\mathtt{page\_table}[r,\ \lfloor p / P \rfloor],\ p \bmod P\,].$$
+# $$\mathtt{k\_cache}[\,\mathtt{page\_table}[r,\ \lfloor p / \mathtt{page\_size} \rfloor],\ p \bmod \mathtt{page\_size}\,].$$
 #
 # Pages can sit anywhere; here they are handed out in random order.
 
 # %%
-P, num_pages, pages_per_seq = 4, 10, 4
+page_size, num_pages, pages_per_seq = 4, 10, 4
 page_table = torch.randperm(num_pages)[: b * pages_per_seq].view(b, pages_per_seq).int()
-k_pages, v_pages = torch.zeros(num_pages, P, h, d), torch.zeros(num_pages, P, h, d)
+k_pages, v_pages = torch.zeros(num_pages, page_size, h, d), torch.zeros(num_pages, page_size, h, d)
 page_table
 
 # %% [markdown]
@@ -148,7 +157,7 @@ plt.figure(figsize=(8, 1.6))
 slot_of_page = {page: slot for slot, page in enumerate(one_row[0].tolist())}
 for page in range(num_pages):
     slot = slot_of_page.get(page)
-    held = range(slot * P, min((slot + 1) * P, tokens)) if slot is not None else range(0)
+    held = range(slot * page_size, min((slot + 1) * page_size, tokens)) if slot is not None else range(0)
     label = f"tokens\n{held.start}-{held.stop - 1}" if held else ("empty" if slot is not None else "")
     plt.gca().add_patch(plt.Rectangle((page, 0), 0.95, 1, color="#eeeeee" if slot is None else "#9ecae1"))
     plt.text(page + 0.47, 0.5, label, ha="center", va="center", fontsize=8)
@@ -157,7 +166,7 @@ plt.xticks([p + 0.47 for p in range(num_pages)], [f"page {p}" for p in range(num
 plt.title(f"page_table[0] = {one_row[0].tolist()}", fontsize=9)
 plt.show()
 
-dense = attn_ref.paged_to_dense(k_pages, one_row)  # (1, pages_per_seq * P, h, d)
+dense = attn_ref.paged_to_dense(k_pages, one_row)  # (1, pages_per_seq * page_size, h, d)
 torch.testing.assert_close(dense[0, :tokens], k_all)
 
 # %% [markdown]
@@ -186,9 +195,10 @@ torch.testing.assert_close(out[1], real_tokens_only)
 # ## Grouped-query attention (GQA)
 #
 # The cache is the largest consumer of memory during decoding. GQA shrinks it by letting groups of
-# query heads share one key/value head: with $h$ query heads and $h_k$ KV heads, query head $i$ reads
-# KV head $\lfloor i / (h / h_k) \rfloor$. With 6 query heads and 2 KV heads, heads 0, 1, 2 read KV
-# head 0 and heads 3, 4, 5 read KV head 1, and the cache is 3 times smaller. (MQA is $h_k = 1$.)
+# query heads share one key/value head: with $h$ query heads and $h_k$ KV heads (group size
+# $g = h / h_k$), query head `head` reads KV head `head // g`. With 6 query heads and 2 KV heads,
+# heads 0, 1, 2 read KV head 0 and heads 3, 4, 5 read KV head 1, and the cache is 3 times smaller.
+# (MQA is $h_k = 1$.)
 
 # %%
 h, h_k = 6, 2
@@ -202,7 +212,8 @@ mha = attn_ref.flash_attn_with_kvcache(
     cache_seqlens=cache_seqlens,
 )
 torch.testing.assert_close(gqa, mha)
-print("query head -> KV head:", {i: i // (h // h_k) for i in range(h)})
+g = h // h_k  # the group size
+print("query head -> KV head:", {head: head // g for head in range(h)})
 
 # %% [markdown]
 # ## Everything at once, on the reference and on the Triton kernel
@@ -220,13 +231,13 @@ import kernels
 
 
 def decode_inputs(dtype):
-    """One decode step for a batch of 2: paged GQA cache (P=4, 4 query / 2 KV heads), lengths 6
+    """One decode step for a batch of 2: paged GQA cache (page_size=4, 4 query / 2 KV heads), lengths 6
     and 9, left padding 0 and 2, one new token each. Same numbers at every call."""
     g = torch.Generator().manual_seed(1)
     rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)
-    P, h, h_k, d = 4, 4, 2, 16
+    page_size, h, h_k, d = 4, 4, 2, 16
     tensors = dict(
-        q=rand(2, 1, h, d), k_cache=rand(8, P, h_k, d), v_cache=rand(8, P, h_k, d),
+        q=rand(2, 1, h, d), k_cache=rand(8, page_size, h_k, d), v_cache=rand(8, page_size, h_k, d),
         k=rand(2, 1, h_k, d), v=rand(2, 1, h_k, d),
         page_table=torch.tensor([[5, 1, 7, 0], [2, 6, 3, 4]], dtype=torch.int32),
         cache_seqlens=torch.tensor([6, 9], dtype=torch.int32),
@@ -250,8 +261,8 @@ print("fp32: max |kernel - reference| =", (kernel_out - ref_out).abs().max().ite
 # FlashAttention's rule compares both with an fp32 oracle, and measures the kernel's error against
 # the error of a plain fp16 computation of the same attention:
 #
-# $$\max|	ext{out}_{	ext{kernel}} - 	ext{out}_{	ext{fp32}}| \;\le\;
-# 2 \max|	ext{out}_{	ext{fp16 math}} - 	ext{out}_{	ext{fp32}}| + 10^{-5}.$$
+# $$\max|\text{out}_{\text{kernel}} - \text{out}_{\text{fp32}}| \;\le\;
+# 2 \max|\text{out}_{\text{fp16 math}} - \text{out}_{\text{fp32}}| + 10^{-5}.$$
 #
 # The oracle is the reference on the fp16 inputs (it computes in fp32), and the fp16 baseline is the
 # attention written out with fp16 tensors, on the keys each sequence sees.
@@ -300,8 +311,8 @@ print("partial states per split:", tuple(kernel_accum.shape), "(splits, batch, h
 # |---|---|
 # | `k`, `v` + `cache_seqlens` | append new tokens at position `cache_seqlens[b]` (in place), then attend |
 # | `cache_seqlens` | `(batch,)` absolute end of each sequence's cached tokens; later slots are ignored |
-# | `page_table` | `(batch, pages)`: position $p$ lives in page `page_table[b, p // P]`, slot `p % P` |
+# | `page_table` | `(batch, pages)`: position $p$ lives in page `page_table[i, p // page_size]`, slot `p % page_size` |
 # | `cache_leftpad` | `(batch,)` first real position; keys before it are never seen |
-# | $h_k < h$ (GQA) | query head $i$ reads KV head $\lfloor i / (h/h_k) \rfloor$ |
+# | $h_k < h$ (GQA) | query head `head` reads KV head `head // g`, $g = h / h_k$ |
 #
 # and `kernels.flash_attn_with_kvcache` is a drop-in replacement for the reference.

@@ -32,16 +32,16 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## The problem
 #
-# One sequence of $S = 64$ tokens, $H = 8$ query heads sharing $H_{kv} = 4$ key/value heads (GQA),
-# head dim $D = 16$, plus 8 **text tokens** that every rank holds whole (the prompt of a
+# One sequence of $S = 64$ tokens, $h = 8$ query heads sharing $h_k = 4$ key/value heads (GQA),
+# head dim $d = 16$, plus 8 **text tokens** that every rank holds whole (the prompt of a
 # text-to-video model, say). Layout `[batch, seq, heads, head_dim]`. The answer every scheme must
 # reproduce is ordinary attention of the whole sequence, computed in this process.
 
 # %%
-S, H, Hkv, D, T = 64, 8, 4, 16, 8
-q, k, v = torch.randn(1, S, H, D), torch.randn(1, S, Hkv, D), torch.randn(1, S, Hkv, D)
-text_q, text_k, text_v = torch.randn(1, T, H, D), torch.randn(1, T, Hkv, D), torch.randn(1, T, Hkv, D)
-scale = D**-0.5
+S, h, h_k, d, T = 64, 8, 4, 16, 8
+q, k, v = torch.randn(1, S, h, d), torch.randn(1, S, h_k, d), torch.randn(1, S, h_k, d)
+text_q, text_k, text_v = torch.randn(1, T, h, d), torch.randn(1, T, h_k, d), torch.randn(1, T, h_k, d)
+scale = d**-0.5
 
 full, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale)
 full_causal, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale, causal=True)
@@ -117,10 +117,10 @@ def measure(run):
 
 def all_schemes(q, k, v, text_q, text_k, text_v):
     """{scheme: (this rank's output rows, bytes received, attention work)} for the full tensors
-    q [1, S, H, D], k, v [1, S, Hkv, D]; K/V gather adds the output of the text tokens."""
+    q [1, S, h, d], k, v [1, S, h_k, d]; K/V gather adds the output of the text tokens."""
     dist.all_to_all_single, dist.all_gather = counted_all_to_all_single, counted_all_gather
     dist.batch_isend_irecv = counted_batch_isend_irecv
-    P, rank, (H, D, Hkv) = dist.get_world_size(), dist.get_rank(), (q.shape[2], q.shape[3], k.shape[2])
+    P, rank, (h, d, h_k) = dist.get_world_size(), dist.get_rank(), (q.shape[2], q.shape[3], k.shape[2])
 
     def shard(ulysses_degree=1, zigzag=False):  # this rank's rows of q, k and v
         return [sp.shard_sequence(x, rank, ulysses_degree, P // ulysses_degree, zigzag) for x in (q, k, v)]
@@ -128,9 +128,9 @@ def all_schemes(q, k, v, text_q, text_k, text_v):
     all_ranks = sp.init_sequence_parallel_groups(ulysses_degree=P)  # one Ulysses group of P ranks
     ring = sp.init_sequence_parallel_groups(ulysses_degree=1, ring_degree=P).ring_group
     usp_groups = sp.init_sequence_parallel_groups(ulysses_degree=2, ring_degree=P // 2)
-    ulysses = sp.UlyssesAttention(H, D, Hkv, groups=all_ranks)
-    kv_gather = sp.UlyssesAttention(H, D, Hkv, sp_attention_mode="kv_gather", groups=all_ranks)
-    usp = sp.USPAttention(H, D, Hkv, causal=True, groups=usp_groups, zigzag=True)
+    ulysses = sp.UlyssesAttention(h, d, h_k, groups=all_ranks)
+    kv_gather = sp.UlyssesAttention(h, d, h_k, sp_attention_mode="kv_gather", groups=all_ranks)
+    usp = sp.USPAttention(h, d, h_k, causal=True, groups=usp_groups, zigzag=True)
     ulysses.backend = kv_gather.backend = usp.backend = COUNTING
     (gather_out, text_out), gather_bytes, gather_work = measure(lambda: kv_gather(*shard(), text_q, text_k, text_v))
     return {
@@ -183,7 +183,7 @@ print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process att
 #
 # Attention never mixes heads: the output of head $h$ depends only on head $h$ of the queries (and
 # its KV head) over all tokens. After the all-to-all, rank $r$ holds **all** $S$ tokens of heads
-# $[rH/P, (r+1)H/P)$, runs plain attention on them, and a second all-to-all sends each token's
+# $[rh/P, (r+1)h/P)$, runs plain attention on them, and a second all-to-all sends each token's
 # output back to the rank that owns the token. Nothing is approximated; data only moves.
 #
 # ### How the ring can be exact
@@ -196,6 +196,40 @@ print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process att
 #
 # After $P$ steps every query has met every key exactly once.
 #
+# ## The ring by hand
+#
+# The ring's loop fits in a few lines, so we can run it on this one process with the ranks simulated
+# as a list: `held[r]` is the K/V block rank `r` holds now, and the exchange is a rotation of that
+# list (rank `r` receives what rank `r - 1` held). Each rank keeps one running state `(out, lse)`,
+# starting from the empty state `(0, -inf)`, the identity of the merge. With a causal mask, a rank
+# skips a block that comes after its queries, attends its own block with a causal square, and an
+# earlier block in full: the table of the [ring concept section](../../concepts/sequence-parallel/#ring-attention-rotate-kv-blocks).
+# This is the loop of `_ring_forward` in `attn_ref/sequence_parallel/ring.py`, without the processes.
+
+# %%
+P = 4
+rows = S // P
+q_blocks, k_blocks, v_blocks = (x[0].split(rows) for x in (q, k, v))  # rank r's block: (S/P, heads, d)
+held = list(zip(k_blocks, v_blocks))  # step 0: every rank holds its own K/V block
+states = [(torch.zeros(rows, h, d), torch.full((rows, h), float("-inf"))) for _ in range(P)]
+schedule = []
+for t in range(P):
+    schedule.append([(r - t) % P for r in range(P)])  # whose block each rank holds at step t
+    for r in range(P):
+        source = (r - t) % P
+        if source > r:
+            continue  # causal: a later block is invisible
+        k_blk, v_blk = held[r]
+        out_blk, lse_blk = attn_ref.attention_with_lse(q_blocks[r], k_blk, v_blk, scale, causal=source == r)
+        states[r] = attn_ref.merge_attention_states(*states[r], out_blk, lse_blk.T)  # lse (h, S/P) -> (S/P, h)
+    held = [held[(r - 1) % P] for r in range(P)]  # the exchange: send to r + 1, receive from r - 1
+
+for t, sources in enumerate(schedule):
+    print(f"step {t}: ranks 0, 1, 2, 3 hold the K/V blocks of ranks", sources)
+ring_out = torch.cat([out for out, _ in states])
+torch.testing.assert_close(ring_out, full_causal)  # one dense causal attention over all S tokens
+print("4 simulated ranks, 4 steps, merged with the LSE == dense causal attention")
+#
 # ## Replicated tokens are counted once
 #
 # The 8 text tokens sit on every rank. The K/V-gather run gathers only the *sharded* keys, then
@@ -205,7 +239,7 @@ print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process att
 
 # %%
 all_q, all_k, all_v = (torch.cat(pair, dim=1)[0] for pair in ((q, text_q), (k, text_k), (v, text_v)))
-expected, _ = attn_ref.attention_with_lse(all_q, all_k, all_v, scale)  # (S + T, H, D)
+expected, _ = attn_ref.attention_with_lse(all_q, all_k, all_v, scale)  # (S + T, h, d)
 
 for P in (2, 4):
     torch.testing.assert_close(gathered(P, "K/V gather + text"), expected[:S])
@@ -253,28 +287,28 @@ assert len(set(zigzag)) == 1 and sum(zigzag) == sum(contiguous)
 # %% [markdown]
 # ## Communication volume
 #
-# Per rank and per attention layer, with $P$ ranks, $S$ tokens, $b$ bytes per number:
+# Per rank and per attention layer, with $P$ ranks, $S$ tokens, $e$ bytes per number (4 for float32):
 #
 # | Scheme | Bytes received by each rank |
 # |---|---|
-# | Ulysses | $\frac{P-1}{P} \cdot \frac{S}{P} \cdot (2H + 2H_{kv}) \cdot D \cdot b$ (all-to-alls of q, k, v and the output) |
-# | ring (any order) | $(P-1) \cdot \frac{S}{P} \cdot 2 H_{kv} \cdot D \cdot b$ ($P-1$ hops of the local K and V) |
+# | Ulysses | $\frac{P-1}{P} \cdot \frac{S}{P} \cdot (2h + 2h_k) \cdot d \cdot e$ (all-to-alls of q, k, v and the output) |
+# | ring (any order) | $(P-1) \cdot \frac{S}{P} \cdot 2 h_k \cdot d \cdot e$ ($P-1$ hops of the local K and V) |
 # | K/V gather | the same bytes as the ring, in one all-gather (and all of K/V in memory at once) |
-# | USP, $P = U \cdot R$ | Ulysses among $U$ ranks on $S/P$ tokens + a ring of $R$ over blocks of $S/R$ tokens with $H_{kv}/U$ heads |
+# | USP, $P = U \cdot R$ | Ulysses among $U$ ranks on $S/P$ tokens + a ring of $R$ over blocks of $S/R$ tokens with $h_k/U$ heads |
 #
 # The counted bytes match the formulas exactly:
 
 # %%
-def ulysses_bytes(P, S, H, Hkv, D, b=4):
-    return (P - 1) / P * (S / P) * (2 * H + 2 * Hkv) * D * b
+def ulysses_bytes(P, S, h, h_k, d, e=4):
+    return (P - 1) / P * (S / P) * (2 * h + 2 * h_k) * d * e
 
 
-def ring_bytes(P, S, Hkv, D, b=4):
-    return (P - 1) * (S / P) * 2 * Hkv * D * b
+def ring_bytes(P, S, h_k, d, e=4):
+    return (P - 1) * (S / P) * 2 * h_k * d * e
 
 
-def usp_bytes(U, R, S, H, Hkv, D, b=4):
-    return ulysses_bytes(U, S / R, H, Hkv, D, b) + ring_bytes(R, S, Hkv / U, D, b)
+def usp_bytes(U, R, S, h, h_k, d, e=4):
+    return ulysses_bytes(U, S / R, h, h_k, d, e) + ring_bytes(R, S, h_k / U, d, e)
 
 
 print(f"{'scheme':22s}" + "".join(f"{f'P={P} counted':>14s}{'formula':>10s}" for P in (2, 4)))
@@ -282,9 +316,9 @@ for scheme in results[4][0]:
     counted = {P: results[P][0][scheme][1] for P in (2, 4)}
     assert all(rank_results[scheme][1] == counted[P] for P in (2, 4) for rank_results in results[P])
     formula = {
-        P: ulysses_bytes(P, S, H, Hkv, D) if scheme == "Ulysses"
-        else usp_bytes(2, P // 2, S, H, Hkv, D) if "USP" in scheme
-        else ring_bytes(P, S, Hkv, D)
+        P: ulysses_bytes(P, S, h, h_k, d) if scheme == "Ulysses"
+        else usp_bytes(2, P // 2, S, h, h_k, d) if "USP" in scheme
+        else ring_bytes(P, S, h_k, d)
         for P in (2, 4)
     }
     assert all(counted[P] == formula[P] for P in (2, 4))
@@ -292,21 +326,21 @@ for scheme in results[4][0]:
 
 # %% [markdown]
 # Which scheme moves fewer bytes depends on $P$ and on how many query heads share a KV head,
-# $\rho = H / H_{kv}$. The ratio is
+# $\rho = h / h_k$. The ratio is
 #
-# $$\frac{\text{K/V gather (or ring)}}{\text{Ulysses}} = \frac{P \cdot H_{kv}}{H + H_{kv}} = \frac{P}{\rho + 1}.$$
+# $$\frac{\text{K/V gather (or ring)}}{\text{Ulysses}} = \frac{P \cdot h_k}{h + h_k} = \frac{P}{\rho + 1}.$$
 #
 # Ulysses' bytes per rank *shrink* as $P$ grows, while the ring's and the gather's grow towards a
-# constant, $2 S H_{kv} D b$. With strong GQA ($\rho = 8$) the gather is cheaper for every $P < 9$. Ulysses also needs
-# $H_{kv}$ divisible by $P$, which K/V gather and the ring do not.
+# constant, $2 S h_k d e$. With strong GQA ($\rho = 8$) the gather is cheaper for every $P < 9$. Ulysses also needs
+# $h_k$ divisible by $P$, which K/V gather and the ring do not.
 
 # %%
 Ps = torch.arange(2, 17)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
 for rho, style in ((1, "-"), (2, "--"), (8, ":")):
-    h_kv = H / rho
-    axes[0].plot(Ps, [ulysses_bytes(p, S, H, h_kv, D) / 1024 for p in Ps.tolist()], "C0" + style, label=f"Ulysses, ρ={rho}")
-    axes[0].plot(Ps, [ring_bytes(p, S, h_kv, D) / 1024 for p in Ps.tolist()], "C1" + style, label=f"ring / K/V gather, ρ={rho}")
+    kv_heads = h / rho
+    axes[0].plot(Ps, [ulysses_bytes(p, S, h, kv_heads, d) / 1024 for p in Ps.tolist()], "C0" + style, label=f"Ulysses, ρ={rho}")
+    axes[0].plot(Ps, [ring_bytes(p, S, kv_heads, d) / 1024 for p in Ps.tolist()], "C1" + style, label=f"ring / K/V gather, ρ={rho}")
     axes[1].plot(Ps, Ps / (rho + 1), "k" + style, label=f"ρ = {rho}")
 for P in (2, 4):
     axes[0].plot([P, P], [results[P][0]["ring"][1] / 1024, results[P][0]["Ulysses"][1] / 1024], "ko")
@@ -322,11 +356,11 @@ plt.show()
 #
 # | Scheme | Moves | Needs | Good for |
 # |---|---|---|---|
-# | Ulysses | all-to-all of q, k, v, out | $H$ and $H_{kv}$ divisible by $P$ | many heads, fast all-to-all (inside a node) |
+# | Ulysses | all-to-all of q, k, v, out | $h$ and $h_k$ divisible by $P$ | many heads, fast all-to-all (inside a node) |
 # | ring | $P - 1$ K/V hops, overlapped with compute | LSE merge | any head count, across nodes |
 # | zigzag ring | the same | $S$ divisible by $2P$ | causal attention, balanced work |
 # | K/V gather | one all-gather of K/V | memory for the full K/V | strong GQA/MQA, small $P$, non-causal |
-# | USP | Ulysses ($U$) + ring ($R$) | $H$ divisible by $U$ | more ranks than heads |
+# | USP | Ulysses ($U$) + ring ($R$) | $h$ divisible by $U$ | more ranks than heads |
 #
 # Replicated tokens (text prompts) stay out of the collectives and are attended once. The same
 # classes run on the Triton kernels from `kernels.sequence_parallel`.

@@ -47,19 +47,19 @@ _ = torch.manual_seed(0)
 #
 # $P$ is recomputed from $q$, $k$ and the saved $\mathrm{lse}$. $D_i$ is the one quantity that
 # couples a row's keys, and it needs only the final $O_i$ and $dO_i$. With grouped-query attention
-# (GQA) the $G = H / H_{kv}$ query heads of a group read the same key/value head, so that head's
+# (GQA) the $g = h / h_k$ query heads of a group read the same key/value head, so that head's
 # $dK$ and $dV$ are the **sum** over the group.
 #
 # Here are the formulas, one line each, on a small problem in float64, against autograd through
 # dense attention.
 
 # %%
-S, H, Hkv, D = 16, 4, 2, 8
-scale = D**-0.5
+S, h, h_k, d = 16, 4, 2, 8
+scale = d**-0.5
 
 
 def dense_attention(q, k, v, causal=False):
-    """out [B, S, H, D], lse [B, S, H] of dense attention with scale D^-0.5, differentiable (GQA by
+    """out [B, S, h, d], lse [B, S, h] of dense attention with scale d^-0.5, differentiable (GQA by
     repeating K/V)."""
     g, scale = q.shape[2] // k.shape[2], q.shape[-1] ** -0.5
     k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
@@ -80,20 +80,20 @@ def autograd_grads(q, k, v, dout, causal=False):
     return [x.grad for x in leaves]
 
 
-q, k, v = torch.randn(1, S, H, D, dtype=torch.float64), torch.randn(1, S, Hkv, D, dtype=torch.float64), torch.randn(1, S, Hkv, D, dtype=torch.float64)
-dout = torch.randn(1, S, H, D, dtype=torch.float64)
+q, k, v = torch.randn(1, S, h, d, dtype=torch.float64), torch.randn(1, S, h_k, d, dtype=torch.float64), torch.randn(1, S, h_k, d, dtype=torch.float64)
+dout = torch.randn(1, S, h, d, dtype=torch.float64)
 out, lse = dense_attention(q, k, v)
 
-G = H // Hkv
-k_h, v_h = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)  # the KV head of each query head
+g = h // h_k
+k_h, v_h = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)  # the KV head of each query head
 P = (torch.einsum("bihd,bjhd->bhij", q, k_h) * scale - lse.transpose(1, 2)[..., None]).exp()
 dV = torch.einsum("bhij,bihd->bjhd", P, dout)
 dP = torch.einsum("bihd,bjhd->bhij", dout, v_h)
-D_row = (dout * out).sum(-1).transpose(1, 2)  # [B, H, S]
+D_row = (dout * out).sum(-1).transpose(1, 2)  # [B, h, S]
 dS = P * (dP - D_row[..., None])
 dQ = scale * torch.einsum("bhij,bjhd->bihd", dS, k_h)
 dK = scale * torch.einsum("bhij,bihd->bjhd", dS, q)
-dK, dV = (x.unflatten(2, (Hkv, G)).sum(3) for x in (dK, dV))  # GQA: sum over the group's query heads
+dK, dV = (x.unflatten(2, (h_k, g)).sum(3) for x in (dK, dV))  # GQA: sum over the group's query heads
 
 expected = autograd_grads(q, k, v, dout)
 for name, mine, ref in zip(("dq", "dk", "dv"), (dQ, dK, dV), expected):
@@ -104,7 +104,7 @@ for name, mine, ref in zip(("dq", "dk", "dv"), (dQ, dK, dV), expected):
 # `attn_ref.attention_backward` is the same computation, written to be read, with masks by position
 # and bounded memory; `kernels.attention_backward` is its Triton twin (FlashAttention-2's three
 # kernels: $D$, then $dK/dV$ over key blocks, then $dQ$ over query blocks), with the same signature.
-# Both take the saved `out` and `lse` (`[B, S, H]`, natural log):
+# Both take the saved `out` and `lse` (`[B, S, h]`, natural log):
 
 # %%
 for causal in (False, True):
@@ -221,7 +221,7 @@ draw_ring_backward(4)
 
 # %%
 def simulated_ring_backward(q, k, v, dout, out, lse, R, causal=True, block_dtype=torch.float32, trace=False):
-    """(dq, dk, dv) in fp32 of the contiguous ring of R ranks, played in one process (scale D^-0.5)."""
+    """(dq, dk, dv) in fp32 of the contiguous ring of R ranks, played in one process (scale d^-0.5)."""
     rows, scale = q.shape[1] // R, q.shape[-1] ** -0.5
     part = lambda x, r: x[:, r * rows:(r + 1) * rows]  # noqa: E731 (block r of the sequence)
     dq = [torch.zeros(part(q, r).shape, dtype=torch.float32) for r in range(R)]
@@ -245,8 +245,8 @@ def simulated_ring_backward(q, k, v, dout, out, lse, R, causal=True, block_dtype
 
 
 S = 64
-q, k, v = torch.randn(1, S, H, D), torch.randn(1, S, Hkv, D), torch.randn(1, S, Hkv, D)
-dout = torch.randn(1, S, H, D)
+q, k, v = torch.randn(1, S, h, d), torch.randn(1, S, h_k, d), torch.randn(1, S, h_k, d)
+dout = torch.randn(1, S, h, d)
 out, lse = dense_attention(q, k, v, causal=True)
 ring = simulated_ring_backward(q, k, v, dout, out, lse, R=4, trace=True)
 for name, mine, ref in zip(("dq", "dk", "dv"), ring, autograd_grads(q, k, v, dout, causal=True)):
@@ -318,17 +318,17 @@ def checks_and_low_precision(fp32_problem, low_precision_problems):
 
 # %% [markdown]
 # One global problem in fp32 for the checks, and one larger one in bf16 and fp16 for the last
-# section ($S = 1024$, $H = 4$, $H_{kv} = 2$, $D = 64$; its float64 reference is computed from the
+# section ($S = 1024$, $h = 4$, $h_k = 2$, $d = 64$; its float64 reference is computed from the
 # *rounded* inputs, so only the arithmetic's error is measured). One launch of 2 ranks computes
 # both; a second launch of 4 ranks the low-precision ring alone.
 
 # %%
 import backward_tutorial_workers
 
-fp32_problem = (torch.randn(1, S, H, D), torch.randn(1, S, Hkv, D), torch.randn(1, S, Hkv, D), torch.randn(1, S, H, D))
+fp32_problem = (torch.randn(1, S, h, d), torch.randn(1, S, h_k, d), torch.randn(1, S, h_k, d), torch.randn(1, S, h, d))
 S_big, D_big = 1024, 64
-big = (torch.randn(1, S_big, H, D_big), torch.randn(1, S_big, Hkv, D_big), torch.randn(1, S_big, Hkv, D_big),
-       torch.randn(1, S_big, H, D_big))
+big = (torch.randn(1, S_big, h, D_big), torch.randn(1, S_big, h_k, D_big), torch.randn(1, S_big, h_k, D_big),
+       torch.randn(1, S_big, h, D_big))
 low_precision = {str(dtype).removeprefix("torch."): tuple(x.to(dtype) for x in big) for dtype in (torch.bfloat16, torch.float16)}
 
 runs = {2: sp.launch(backward_tutorial_workers.checks_and_low_precision, 2, (fp32_problem, low_precision), backend="gloo"),
@@ -414,7 +414,7 @@ for col, grad in enumerate(("dq", "dk", "dv")):
     axes[col].set_xlabel("ring size R"), axes[col].set_title(f"mean |{grad} - float64|", fontsize=9)
 axes[0].set_yscale("log"), axes[1].set_yscale("log"), axes[2].set_yscale("log")
 axes[0].legend(fontsize=6)
-fig.suptitle(f"causal ring backward, S = {S_big}, H = {H}, Hkv = {Hkv}, D = {D_big}", fontsize=9)
+fig.suptitle(f"causal ring backward, S = {S_big}, h = {h}, h_k = {h_k}, d = {D_big}", fontsize=9)
 fig.tight_layout()
 plt.show()
 

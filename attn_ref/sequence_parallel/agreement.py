@@ -18,7 +18,7 @@ Ranks whose groups have different members cannot meet in one collective; that ca
 until the process group's timeout. (Groups with the same members are shared, :mod:`.groups`.)
 
 Cost: one single-tensor all-gather of ``3 x P`` int64 values (plus a device-to-host copy on NCCL).
-Measured on gloo (CPU): see ``docs/concepts/sequence-parallel.md``. Turn it off with the
+Measured on gloo (CPU): see ``docs/concepts/sequence-parallel-usage.md``. Turn it off with the
 environment variable ``ATTN_REF_SP_CHECK_RANKS=0`` (or ``false``, ``no``, ``off``): each rank then
 only checks its own arguments, as before.
 """

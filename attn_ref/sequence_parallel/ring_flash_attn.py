@@ -92,25 +92,26 @@ def ring_flash_attn_func(
     q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """Ring attention of this rank's block ``q [B, S, H, D]`` over every rank's ``k, v [B, S, Hkv, D]``.
+    """Ring attention of this rank's block ``q [b, s, h, d]`` over every rank's ``k, v [b, s, h_k, d]``.
 
     Contiguous layout: rank ``r`` of ``group`` holds tokens ``[r·S, (r+1)·S)``. See the module docstring.
 
     Args:
-        q: ``[B, S, H, D]`` tensor, this rank's queries; k, v: ``[B, S, Hkv, D]`` (``H % Hkv == 0``).
-        dropout_p: float, must be 0 (``NotImplementedError`` otherwise).
-        softmax_scale: float, default ``D ** -0.5``.
-        causal: bool, causal over the global sequence.
-        window_size: ``(left, right)`` ints; only windows that mask nothing beyond ``causal``.
-        alibi_slopes: must be None (``NotImplementedError`` otherwise).
-        deterministic: bool, accepted, no effect (forward and backward are deterministic).
-        return_attn_probs: bool, also return the LSE (and None for the probabilities).
-        group: the ring (a ``torch.distributed`` process group); None is the default group (the whole world).
-        backend: local attention + merge (an :class:`~.backend.AttentionBackend`; the kernels' in
-            :mod:`kernels.sequence_parallel`).
+        q (torch.Tensor): ``[b, s, h, d]``, this rank's queries.
+        k (torch.Tensor): ``[b, s, h_k, d]``, this rank's keys (``h % h_k == 0``).
+        v (torch.Tensor): ``[b, s, h_k, d]``, this rank's values.
+        dropout_p (float): must be 0 (``NotImplementedError`` otherwise).
+        softmax_scale (float | None): default ``d ** -0.5``.
+        causal (bool): causal over the global sequence.
+        window_size (tuple[int, int]): ``(left, right)``; only windows that mask nothing beyond ``causal``.
+        alibi_slopes (None): must be None (``NotImplementedError`` otherwise).
+        deterministic (bool): accepted, no effect (forward and backward are deterministic).
+        return_attn_probs (bool): also return the LSE (and None for the probabilities).
+        group (ProcessGroup | None): the ring; None is the default group (the whole world).
+        backend (AttentionBackend): local attention + merge (the kernels' in :mod:`kernels.sequence_parallel`).
 
     Returns:
-        ``out [B, S, H, D]`` in q's dtype, or ``(out, lse [B, H, S] fp32, None)`` with
+        ``out [b, s, h, d]`` in q's dtype, or ``(out, lse [b, h, s] fp32, None)`` with
         ``return_attn_probs=True``.
     """
     return _ring_flash_attn(

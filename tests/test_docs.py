@@ -708,9 +708,15 @@ def search_results(browser, words: str, count: int = 3) -> list[str]:
     box.fill("")
     box.press_sequentially(words, delay=10)
     items = page.locator(".md-search-result__item")
-    items.first.wait_for(timeout=15_000)
-    page.wait_for_timeout(300)  # the list settles after the last keystroke
-    return [items.nth(n).locator("a").first.get_attribute("href") or "" for n in range(min(count, items.count()))]
+    links, previous = [], None
+    for _ in range(50):  # the list is re-rendered after each keystroke: read it until two reads agree
+        items.first.wait_for(timeout=15_000)
+        page.wait_for_timeout(300)
+        links = [items.nth(n).locator("a").first.get_attribute("href") or "" for n in range(min(count, items.count()))]
+        if links and links == previous:
+            return links
+        previous = links
+    return links
 
 
 def test_browser_search_ranks_concepts_above_error_pages(browser):

@@ -29,13 +29,17 @@ from typing import Optional
 import torch
 
 from .call import KVCacheCall
-from .masks import visible_keys
-from .paged import gather_cache
+from .masks import tile_key_range, visible_keys
+from .paged import gather_range
 from .rotary import apply_rotary
 from .splits import split_bounds
 
 #: Upper bound on the elements of one score tensor ``(h, rows, keys)`` (fp32: 256 MiB).
 MAX_SCORE_ELEMENTS = 1 << 26
+#: Query rows per tile, chosen by measurement (``benchmarks/results/cpu.md``): few enough that the
+#: causal, window and chunk masks leave most of a tile's invisible keys out of its matmuls, enough
+#: that each tile's matmuls are large.
+ROWS_PER_TILE = 256
 
 
 def _split_states(call: KVCacheCall, i: int, n_splits: int):
@@ -44,9 +48,9 @@ def _split_states(call: KVCacheCall, i: int, n_splits: int):
     batch = call.batch_host  # the per-batch values as Python ints
     sk = batch.seqlens_k[i]
     q, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
-    positions = torch.arange(batch.leftpads[i], batch.leftpads[i] + sk)
-    k = gather_cache(call.k_cache, batch.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, d)
-    v = gather_cache(call.v_cache, batch.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, dv)
+    start, end = batch.leftpads[i], batch.leftpads[i] + sk  # the valid cache positions
+    k = gather_range(call.k_cache, batch.cache_rows[i], start, end, call.page_table).float()  # (sk, h_k, d)
+    v = gather_range(call.v_cache, batch.cache_rows[i], start, end, call.page_table).float()  # (sk, h_k, dv)
     if call.is_fp8:
         q, k, v = _dequantize(call, i, q, k, v)
     states = []
@@ -132,18 +136,28 @@ def attention_with_lse(
     sq, h = (qv if only_qv else q).shape[:2]
     n, h_k, dv = v.shape
     seqlen_k = n if seqlen_k is None else seqlen_k
+    masks = dict(causal=causal, window_size=window_size, attention_chunk=attention_chunk)
     kf, vf = k.float(), v.float()
     sinks = None if sinks is None else sinks.float().view(h_k, h // h_k)
     out = torch.empty(sq, h, dv, dtype=torch.float32, device=v.device)
     lse = torch.empty(h, sq, dtype=torch.float32, device=v.device)
-    rows_per_chunk = max(1, MAX_SCORE_ELEMENTS // max(1, h * n))
-    for r0 in range(0, sq, rows_per_chunk):
-        r1 = min(sq, r0 + rows_per_chunk)
-        scores = _scores(None if only_qv else q[r0:r1], kf, vf, None if qv is None else qv[r0:r1], only_qv)
-        logits = _logits(scores, softmax_scale, softcap)  # (h_k, g, rows, n), in place
-        visible = visible_keys(sq, seqlen_k, causal, window_size, attention_chunk, v.device, r0, r1)
-        logits.masked_fill_(~visible[:, key_offset:key_offset + n], float("-inf"))
-        o, l = _softmax_state(logits, vf, sinks)
+    rows_per_tile = max(1, min(ROWS_PER_TILE, MAX_SCORE_ELEMENTS // max(1, h * n)))
+    for r0 in range(0, sq, rows_per_tile):
+        r1 = min(sq, r0 + rows_per_tile)
+        # Keys [lo, hi) are those some row of the tile sees, [full_lo, full_hi) those all of them see.
+        lo, hi, full_lo, full_hi = tile_key_range(r0, r1, sq, seqlen_k, **masks, key_start=key_offset,
+                                                  key_end=key_offset + n)
+        keys = slice(lo - key_offset, hi - key_offset)  # the tile's keys in k and v
+        scores = _scores(None if only_qv else q[r0:r1], kf[keys], vf[keys], None if qv is None else qv[r0:r1],
+                         only_qv)
+        logits = _logits(scores, softmax_scale, softcap)  # (h_k, g, rows, hi - lo), in place
+        # -inf where a row does not see a key: only the edges [lo, full_lo) and [full_hi, hi) need a mask.
+        for e0, e1 in ((lo, full_lo), (full_hi, hi)) if full_lo < full_hi else ((lo, hi),):
+            if e0 < e1:
+                visible = visible_keys(sq, seqlen_k, **masks, device=v.device, row_start=r0, row_end=r1,
+                                       key_start=e0, key_end=e1)  # (rows, e1 - e0)
+                logits[..., e0 - lo:e1 - lo].masked_fill_(~visible, float("-inf"))
+        o, l = _softmax_state(logits, vf[keys], sinks)
         out[r0:r1], lse[:, r0:r1] = o.reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0)
     return out, lse
 

@@ -39,7 +39,7 @@ MAX_SCORE_ELEMENTS = 1 << 26
 #: Query rows per tile, chosen by measurement (``benchmarks/results/cpu.md``): few enough that the
 #: causal, window and chunk masks leave most of a tile's invisible keys out of its matmuls, enough
 #: that each tile's matmuls are large.
-ROWS_PER_TILE = 256
+ROWS_PER_TILE = 64
 
 
 def _split_states(call: KVCacheCall, i: int, n_splits: int):
@@ -158,7 +158,7 @@ def attention_with_lse(
                                        key_start=e0, key_end=e1)  # (rows, e1 - e0)
                 logits[..., e0 - lo:e1 - lo].masked_fill_(~visible, float("-inf"))
         o, l = _softmax_state(logits, vf[keys], sinks)
-        out[r0:r1], lse[:, r0:r1] = o.reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0)
+        out[r0:r1], lse[:, r0:r1] = o.permute(2, 0, 1, 3).reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0)
     return out, lse
 
 
@@ -198,7 +198,8 @@ def _softmax_state(
     """Normalise grouped logits into an attention state (``logits`` is overwritten).
 
     ``logits (h_k, g, rows, n)`` fp32 with -inf where masked, ``v (n, h_k, dv)`` fp32,
-    ``sinks (h_k, g)`` or None. Returns ``out (rows, h_k, g, dv)`` and ``lse (h_k, g, rows)``.
+    ``sinks (h_k, g)`` or None. Returns ``out (h_k, g, rows, dv)`` and ``lse (h_k, g, rows)`` (the
+    layout of the scores: no copy of ``p``, one batched matmul per KV head).
     """
     # Row maximum; a state over zero keys (empty split, cache_seqlens = 0) has max -inf.
     m = logits.amax(dim=-1) if logits.shape[-1] else logits.new_full(logits.shape[:-1], float("-inf"))
@@ -210,7 +211,7 @@ def _softmax_state(
     if sinks is not None:
         denom = denom + torch.exp(sinks[..., None] - m)
     inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
-    out = torch.einsum("kgrn,nkd->rkgd", p.mul_(inv[..., None]), v)
+    out = torch.einsum("kgrn,nkd->kgrd", p, v).mul_(inv[..., None])  # normalised after the matmul: fewer products
     return out, m + torch.log(denom)
 
 

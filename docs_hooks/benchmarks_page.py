@@ -33,7 +33,9 @@ benchmarks and are never reported.
 #: What each device's results compare, said only when they exist.
 MEASURES = {"cuda": "The Triton kernels against PyTorch's `scaled_dot_product_attention` on the same problems "
                     "(decode bandwidth, prefill FLOP/s, the combine kernel).",
-            "cpu": "The PyTorch reference against `scaled_dot_product_attention` (time ratio and peak memory)."}
+            "cpu": "The PyTorch reference against `scaled_dot_product_attention` at its best on the same problems "
+                   "(K/V gathered before the timer, `enable_gqa=True`, no mask unless lengths are ragged): "
+                   "time ratio and peak memory."}
 
 
 #: What is missing for a device without committed results.
@@ -68,6 +70,9 @@ def result_section(result: dict) -> list[str]:
     header, rows = record.table_rows(result)
     lines = [f"Measured on {result['machine']['summary']}, {result['date']}, with `{result['command']}`.", ""]
     lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".", ""]
+    if record.calls(result):
+        lines += ["Calls timed (inputs made before the timer; a case's baseline is its fastest SDPA call):", ""]
+        lines += record.calls(result) + [""]
     lines += ["| " + " | ".join(map(_cell, header)) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in rows] + [""]
     lines += [f"* {t['name']}: {t['value']:.4g}, **{'met' if t['met'] else 'not met'}**" for t in result["targets"]]

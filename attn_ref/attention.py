@@ -12,8 +12,11 @@ For query row ``i``, query head ``h`` (served by key/value head ``g(h) = h // (H
 All of it in fp32 whatever the input dtype. A row with no visible key (and no sink) gives
 ``out = 0`` and ``lse = -inf``; with a sink it gives ``out = 0`` and ``lse = σ_h``.
 
-Memory stays bounded: rows are processed in chunks so that a chunk's score tensor has at most
-:data:`MAX_SCORE_ELEMENTS` entries (a 32k-token prefill never materialises 32k x 32k scores).
+Query rows are processed in tiles of :data:`ROWS_PER_TILE` (fewer when a tile's score tensor would
+exceed :data:`MAX_SCORE_ELEMENTS`, so memory stays bounded: a 32k-token prefill never materialises
+32k x 32k scores). A tile scores only the keys some of its rows see (:func:`~attn_ref.masks.tile_key_range`:
+causal, window and chunk masks leave the others out) and masks only the edge columns that not all of its
+rows see; the query heads of one KV head share one batched matmul (``einsum`` over a view, no copy of K/V).
 
 The file holds the loop body of :func:`attn_ref.kvcache.attend` in the order of its twin,
 :mod:`kernels.attention`: :func:`_split_states` (one batch entry: :func:`_load_q`, the keys,
@@ -111,7 +114,7 @@ def attention_with_lse(
     key_offset: int = 0,
     seqlen_k: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention state of one sequence.
+    """Attention state of one sequence, computed tile by tile of query rows (module docstring).
 
     Args:
         q: ``(sq, h, d)`` queries (ignored when ``only_qv``).

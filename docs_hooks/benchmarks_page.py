@@ -1,8 +1,9 @@
 """MkDocs hook: the "Benchmarks" page, generated from the committed results in ``benchmarks/results/``.
 
 For each device that has results (``<device>.json``, written by ``python -m benchmarks.run``), the
-page shows the run's provenance, the table of :func:`benchmarks.record.table_rows` (the harness's own
-rows, so the page and the printed table agree), the targets, and every ``<device>_<suite>.png`` plot.
+page shows the run's provenance, the exact calls timed, the table of :func:`benchmarks.record.table_rows`
+(the harness's own rows, so the page and the printed table agree), the targets, the notes written on
+the run (``<device>_notes.md``, if any) and every ``<device>_<suite>.png`` plot.
 A device without results gets a warning that says so, first on the page, instead of a description
 of figures that are not there. The page and the plots are ``File.generated`` (nothing is written
 into ``docs/``); without any result file there is no page and no nav entry.
@@ -91,6 +92,9 @@ def page(config) -> tuple[str, dict[str, bytes]]:
     for device in present:
         result = json.loads((results / f"{device}.json").read_text(encoding="utf-8"))
         lines += [f"## {DEVICES[device]}", "", MEASURES[device], ""] + result_section(result)
+        notes = results / f"{device}_notes.md"  # what the measurements say, written after the run
+        if notes.is_file():
+            lines += [notes.read_text(encoding="utf-8"), ""]
         for plot in sorted(results.glob(f"{device}_*.png")):
             suite = plot.stem.removeprefix(f"{device}_").replace("_", " ")
             images[plot.name] = plot.read_bytes()

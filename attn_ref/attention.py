@@ -27,12 +27,14 @@ call's results.
 
 from __future__ import annotations
 
+from functools import reduce
 from typing import Optional
 
 import torch
 
 from .call import KVCacheCall
 from .masks import tile_key_range, visible_keys
+from .merge import merge_attention_states
 from .paged import gather_range
 from .rotary import apply_rotary
 from .splits import split_bounds
@@ -43,28 +45,39 @@ MAX_SCORE_ELEMENTS = 1 << 26
 #: causal, window and chunk masks leave most of a tile's invisible keys out of its matmuls, enough
 #: that each tile's matmuls are large.
 ROWS_PER_TILE = 64
+#: Keys read and attended at a time, chosen by measurement: a block's K (or V) copy, 16 MB for
+#: 8 KV heads of 128 fp32 channels, is reused by the allocator from one block to the next, while a
+#: whole long sequence's copy would be fresh memory each call (mmap'ed, zero-filled on first touch).
+KEYS_PER_BLOCK = 4096
 
 
 def _split_states(call: KVCacheCall, i: int, n_splits: int):
     """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split: what
-    the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute together."""
+    the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute together.
+
+    A split's keys are read and attended :data:`KEYS_PER_BLOCK` at a time and the blocks' states folded
+    with ⊕ (:func:`~attn_ref.merge.merge_attention_states`), so that no K/V copy is larger than a block."""
     batch = call.batch_host  # the per-batch values as Python ints
-    sk = batch.seqlens_k[i]
-    q, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
-    start, end = batch.leftpads[i], batch.leftpads[i] + sk  # the valid cache positions
-    k = gather_range(call.k_cache, batch.cache_rows[i], start, end, call.page_table).float()  # (sk, h_k, d)
-    v = gather_range(call.v_cache, batch.cache_rows[i], start, end, call.page_table).float()  # (sk, h_k, dv)
-    if call.is_fp8:
-        q, k, v = _dequantize(call, i, q, k, v)
+    sk, start, row = batch.seqlens_k[i], batch.leftpads[i], batch.cache_rows[i]  # key j at position start + j
+    q_loaded, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
     states = []
     for s, (k0, k1) in enumerate(split_bounds(sk, n_splits)):
-        o, lse = attention_with_lse(
-            q, k[k0:k1], v[k0:k1], call.softmax_scale, call.causal, call.window_size,
-            call.attention_chunk, call.softcap, qv, call.only_qv,
-            call.sinks if s == 0 else None,  # the sink is counted once: in split 0
-            key_offset=k0, seqlen_k=sk,
-        )
-        states.append((o, lse.T))
+        blocks = []
+        for b0 in range(k0, max(k1, k0 + 1), KEYS_PER_BLOCK):  # an empty split still gives its state
+            b1 = min(k1, b0 + KEYS_PER_BLOCK)
+            k = gather_range(call.k_cache, row, start + b0, start + b1, call.page_table).float()  # (n, h_k, d)
+            v = gather_range(call.v_cache, row, start + b0, start + b1, call.page_table).float()  # (n, h_k, dv)
+            q = q_loaded
+            if call.is_fp8:
+                q, k, v = _dequantize(call, i, q, k, v)
+            o, lse = attention_with_lse(
+                q, k, v, call.softmax_scale, call.causal, call.window_size,
+                call.attention_chunk, call.softcap, qv, call.only_qv,
+                call.sinks if s == 0 and b0 == k0 else None,  # the sink is counted once: in split 0
+                key_offset=b0, seqlen_k=sk,
+            )
+            blocks.append((o, lse.T))
+        states.append(reduce(lambda a, b: merge_attention_states(*a, *b), blocks))
     return states
 
 

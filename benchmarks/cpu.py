@@ -66,7 +66,8 @@ def baselines(problem: Problem, inputs: KVCacheInputs) -> dict[str, tuple[Callab
     q = inputs.q.transpose(1, 2).contiguous()  # (b, h, sq, d)
     k, v = dense_kv(inputs, problem.seqlen_k, expand_gqa=False)  # (b, h_k, sk, d) each
     if not problem.ragged:
-        call = f"F.scaled_dot_product_attention(q, k, v, is_causal={problem.causal}, enable_gqa=True)"
+        call = (f"F.scaled_dot_product_attention(q, k, v, is_causal={problem.causal}, enable_gqa=True)  "
+                "# q (b, h, sq, d), K/V (b, h_k, sk, d) contiguous")
         return {"sdpa": (
             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, enable_gqa=True).transpose(1, 2),
             call, q.nbytes + k.nbytes + v.nbytes)}
@@ -77,14 +78,14 @@ def baselines(problem: Problem, inputs: KVCacheInputs) -> dict[str, tuple[Callab
     return {
         "sdpa_masked": (
             lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2),
-            "F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), K/V padded to the "
-            "longest sequence, mask (b, 1, sq, sk) bool",
+            "F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  "
+            "# K/V padded to the longest sequence, mask (b, 1, sq, sk) bool",
             q.nbytes + k.nbytes + v.nbytes + mask.nbytes),
         "sdpa_per_sequence": (
             lambda: torch.cat([F.scaled_dot_product_attention(qi, ki, vi, is_causal=problem.causal, enable_gqa=True)
                                for qi, ki, vi in per_sequence]).transpose(1, 2),
             f"torch.cat([F.scaled_dot_product_attention(q_i, k_i, v_i, is_causal={problem.causal}, enable_gqa=True) "
-            "for each sequence i]), K/V of each sequence's own length",
+            "for q_i, k_i, v_i in per_sequence])  # K/V of each sequence's own length",
             sum(t.nbytes for seq in per_sequence for t in seq)),
     }
 

@@ -12,8 +12,11 @@ For query row ``i``, query head ``h`` (served by key/value head ``g(h) = h // (H
 All of it in fp32 whatever the input dtype. A row with no visible key (and no sink) gives
 ``out = 0`` and ``lse = -inf``; with a sink it gives ``out = 0`` and ``lse = σ_h``.
 
-Memory stays bounded: rows are processed in chunks so that a chunk's score tensor has at most
-:data:`MAX_SCORE_ELEMENTS` entries (a 32k-token prefill never materialises 32k x 32k scores).
+Query rows are processed in tiles of :data:`ROWS_PER_TILE` (fewer when a tile's score tensor would
+exceed :data:`MAX_SCORE_ELEMENTS`, so memory stays bounded: a 32k-token prefill never materialises
+32k x 32k scores). A tile scores only the keys some of its rows see (:func:`~attn_ref.masks.tile_key_range`:
+causal, window and chunk masks leave the others out) and masks only the edge columns that not all of its
+rows see; the query heads of one KV head share one batched matmul (``einsum`` over a view, no copy of K/V).
 
 The file holds the loop body of :func:`attn_ref.kvcache.attend` in the order of its twin,
 :mod:`kernels.attention`: :func:`_split_states` (one batch entry: :func:`_load_q`, the keys,
@@ -24,40 +27,57 @@ call's results.
 
 from __future__ import annotations
 
+from functools import reduce
 from typing import Optional
 
 import torch
 
 from .call import KVCacheCall
-from .masks import visible_keys
-from .paged import gather_cache
+from .masks import tile_key_range, visible_keys
+from .merge import merge_attention_states
+from .paged import gather_range
 from .rotary import apply_rotary
 from .splits import split_bounds
 
 #: Upper bound on the elements of one score tensor ``(h, rows, keys)`` (fp32: 256 MiB).
 MAX_SCORE_ELEMENTS = 1 << 26
+#: Query rows per tile, chosen by measurement (``benchmarks/results/cpu.md``): few enough that the
+#: causal, window and chunk masks leave most of a tile's invisible keys out of its matmuls, enough
+#: that each tile's matmuls are large.
+ROWS_PER_TILE = 64
+#: Keys read and attended at a time, chosen by measurement: a block's K (or V) copy, 16 MB for
+#: 8 KV heads of 128 fp32 channels, is reused by the allocator from one block to the next, while a
+#: whole long sequence's copy would be fresh memory each call (mmap'ed, zero-filled on first touch).
+KEYS_PER_BLOCK = 4096
 
 
 def _split_states(call: KVCacheCall, i: int, n_splits: int):
     """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split: what
-    the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute together."""
+    the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute together.
+
+    A split's keys are read and attended :data:`KEYS_PER_BLOCK` at a time and the blocks' states folded
+    with ⊕ (:func:`~attn_ref.merge.merge_attention_states`), so that no K/V copy is larger than a block."""
     batch = call.batch_host  # the per-batch values as Python ints
-    sk = batch.seqlens_k[i]
-    q, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
-    positions = torch.arange(batch.leftpads[i], batch.leftpads[i] + sk)
-    k = gather_cache(call.k_cache, batch.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, d)
-    v = gather_cache(call.v_cache, batch.cache_rows[i], positions, call.page_table).float()  # (sk, h_k, dv)
-    if call.is_fp8:
-        q, k, v = _dequantize(call, i, q, k, v)
+    sk, start, row = batch.seqlens_k[i], batch.leftpads[i], batch.cache_rows[i]  # key j at position start + j
+    q_loaded, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
     states = []
     for s, (k0, k1) in enumerate(split_bounds(sk, n_splits)):
-        o, lse = attention_with_lse(
-            q, k[k0:k1], v[k0:k1], call.softmax_scale, call.causal, call.window_size,
-            call.attention_chunk, call.softcap, qv, call.only_qv,
-            call.sinks if s == 0 else None,  # the sink is counted once: in split 0
-            key_offset=k0, seqlen_k=sk,
-        )
-        states.append((o, lse.T))
+        blocks = []
+        for b0 in range(k0, max(k1, k0 + 1), KEYS_PER_BLOCK):  # an empty split still gives its state
+            b1 = min(k1, b0 + KEYS_PER_BLOCK)
+            k = gather_range(call.k_cache, row, start + b0, start + b1, call.page_table).float()  # (n, h_k, d)
+            v = gather_range(call.v_cache, row, start + b0, start + b1, call.page_table).float()  # (n, h_k, dv)
+            q = q_loaded
+            if call.is_fp8:
+                q, k, v = _dequantize(call, i, q, k, v)
+            o, lse = attention_with_lse(
+                q, k, v, call.softmax_scale, call.causal, call.window_size,
+                call.attention_chunk, call.softcap, qv, call.only_qv,
+                call.sinks if s == 0 and b0 == k0 else None,  # the sink is counted once: in split 0
+                key_offset=b0, seqlen_k=sk,
+            )
+            blocks.append((o, lse.T))
+        states.append(reduce(lambda a, b: merge_attention_states(*a, *b), blocks))
     return states
 
 
@@ -107,7 +127,7 @@ def attention_with_lse(
     key_offset: int = 0,
     seqlen_k: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention state of one sequence.
+    """Attention state of one sequence, computed tile by tile of query rows (module docstring).
 
     Args:
         q: ``(sq, h, d)`` queries (ignored when ``only_qv``).
@@ -132,19 +152,29 @@ def attention_with_lse(
     sq, h = (qv if only_qv else q).shape[:2]
     n, h_k, dv = v.shape
     seqlen_k = n if seqlen_k is None else seqlen_k
+    masks = dict(causal=causal, window_size=window_size, attention_chunk=attention_chunk)
     kf, vf = k.float(), v.float()
     sinks = None if sinks is None else sinks.float().view(h_k, h // h_k)
     out = torch.empty(sq, h, dv, dtype=torch.float32, device=v.device)
     lse = torch.empty(h, sq, dtype=torch.float32, device=v.device)
-    rows_per_chunk = max(1, MAX_SCORE_ELEMENTS // max(1, h * n))
-    for r0 in range(0, sq, rows_per_chunk):
-        r1 = min(sq, r0 + rows_per_chunk)
-        scores = _scores(None if only_qv else q[r0:r1], kf, vf, None if qv is None else qv[r0:r1], only_qv)
-        logits = _logits(scores, softmax_scale, softcap)  # (h_k, g, rows, n), in place
-        visible = visible_keys(sq, seqlen_k, causal, window_size, attention_chunk, v.device, r0, r1)
-        logits.masked_fill_(~visible[:, key_offset:key_offset + n], float("-inf"))
-        o, l = _softmax_state(logits, vf, sinks)
-        out[r0:r1], lse[:, r0:r1] = o.reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0)
+    rows_per_tile = max(1, min(ROWS_PER_TILE, MAX_SCORE_ELEMENTS // max(1, h * n)))
+    for r0 in range(0, sq, rows_per_tile):
+        r1 = min(sq, r0 + rows_per_tile)
+        # Keys [lo, hi) are those some row of the tile sees, [full_lo, full_hi) those all of them see.
+        lo, hi, full_lo, full_hi = tile_key_range(r0, r1, sq, seqlen_k, **masks, key_start=key_offset,
+                                                  key_end=key_offset + n)
+        keys = slice(lo - key_offset, hi - key_offset)  # the tile's keys in k and v
+        scores = _scores(None if only_qv else q[r0:r1], kf[keys], vf[keys], None if qv is None else qv[r0:r1],
+                         only_qv)
+        logits = _logits(scores, softmax_scale, softcap)  # (h_k, g, rows, hi - lo), in place
+        # -inf where a row does not see a key: only the edges [lo, full_lo) and [full_hi, hi) need a mask.
+        for e0, e1 in ((lo, full_lo), (full_hi, hi)) if full_lo < full_hi else ((lo, hi),):
+            if e0 < e1:
+                visible = visible_keys(sq, seqlen_k, **masks, device=v.device, row_start=r0, row_end=r1,
+                                       key_start=e0, key_end=e1)  # (rows, e1 - e0)
+                logits[..., e0 - lo:e1 - lo].masked_fill_(~visible, float("-inf"))
+        o, l = _softmax_state(logits, vf[keys], sinks)
+        out[r0:r1], lse[:, r0:r1] = o.permute(2, 0, 1, 3).reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0)
     return out, lse
 
 
@@ -184,7 +214,8 @@ def _softmax_state(
     """Normalise grouped logits into an attention state (``logits`` is overwritten).
 
     ``logits (h_k, g, rows, n)`` fp32 with -inf where masked, ``v (n, h_k, dv)`` fp32,
-    ``sinks (h_k, g)`` or None. Returns ``out (rows, h_k, g, dv)`` and ``lse (h_k, g, rows)``.
+    ``sinks (h_k, g)`` or None. Returns ``out (h_k, g, rows, dv)`` and ``lse (h_k, g, rows)`` (the
+    layout of the scores: no copy of ``p``, one batched matmul per KV head).
     """
     # Row maximum; a state over zero keys (empty split, cache_seqlens = 0) has max -inf.
     m = logits.amax(dim=-1) if logits.shape[-1] else logits.new_full(logits.shape[:-1], float("-inf"))
@@ -196,7 +227,7 @@ def _softmax_state(
     if sinks is not None:
         denom = denom + torch.exp(sinks[..., None] - m)
     inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
-    out = torch.einsum("kgrn,nkd->rkgd", p.mul_(inv[..., None]), v)
+    out = torch.einsum("kgrn,nkd->kgrd", p, v).mul_(inv[..., None])  # normalised after the matmul: fewer products
     return out, m + torch.log(denom)
 
 

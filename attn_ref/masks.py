@@ -36,19 +36,23 @@ def visible_keys(
     device: Optional[torch.device] = None,
     row_start: int = 0,
     row_end: Optional[int] = None,
+    key_start: int = 0,
+    key_end: Optional[int] = None,
 ) -> torch.Tensor:
-    """Boolean visibility matrix ``(rows, seqlen_k)``: ``True`` where row ``i`` may attend key ``j``.
+    """Boolean visibility matrix ``(rows, keys)``: ``True`` where row ``i`` may attend key ``j``.
 
-    ``rows`` are query rows ``row_start .. row_end - 1`` (all rows by default), so long problems can
-    be processed in row chunks without building the whole matrix.
+    ``rows`` are query rows ``row_start .. row_end - 1`` and ``keys`` keys ``key_start .. key_end - 1``
+    (all of them by default), so long problems can be processed in tiles without building the whole
+    matrix.
     """
     row_end = seqlen_q if row_end is None else row_end
+    key_end = seqlen_k if key_end is None else key_end
     left, right = window_size
     if causal:
         right = 0
     diag = torch.arange(row_start, row_end, device=device)[:, None] + (seqlen_k - seqlen_q)  # (rows, 1)
-    j = torch.arange(seqlen_k, device=device)[None, :]  # (1, sk)
-    visible = torch.ones(row_end - row_start, seqlen_k, dtype=torch.bool, device=device)
+    j = torch.arange(key_start, key_end, device=device)[None, :]  # (1, keys)
+    visible = torch.ones(row_end - row_start, key_end - key_start, dtype=torch.bool, device=device)
     if left >= 0:
         visible &= j >= diag - left
     if right >= 0:

@@ -52,6 +52,25 @@ def gather_cache(
     return cache[major, minor]
 
 
+def gather_range(
+    cache: torch.Tensor, row: int, start: int, end: int, page_table: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """Read the consecutive positions ``[start, end)`` of cache row ``row``: ``(end - start, h_k, dim)``.
+
+    What :func:`gather_cache` reads for ``positions = arange(start, end)``, fetched in whole rows: a
+    view of a contiguous cache, or a copy of the pages that hold the range (one ``index_select`` of
+    ``P``-token pages instead of one per token: the reference's key and value read).
+    """
+    if page_table is None:
+        return cache[row, start:end]
+    page_size = cache.shape[1]
+    first, stop = start // page_size, -(-end // page_size)  # the pages that hold [start, end)
+    pages = page_table[row, first:stop].to(cache.device).long()
+    tokens = cache.index_select(0, pages).flatten(0, 1)  # (pages * P, h_k, dim)
+    offset = start - first * page_size
+    return tokens[offset:offset + end - start]
+
+
 def scatter_cache(
     cache: torch.Tensor, row: int, positions: torch.Tensor, values: torch.Tensor,
     page_table: Optional[torch.Tensor] = None,

@@ -3,7 +3,8 @@
 Each figure is a row of grouped bar charts (one group per case, one bar per provider) and carries the
 machine, date, versions and command in its footer (:func:`benchmarks.record.provenance`).
 
-* CPU: median time (log scale), time / SDPA (with the decode target), peak memory (inputs + extra).
+* CPU: median time (log scale), time / the case's fastest SDPA call (with the 2x target), peak memory
+  (inputs + extra).
 * GPU: throughput (TB/s for decode and combine, with the measured copy bandwidth and 70 % of it;
   TFLOP/s for prefill) and median time.
 """
@@ -26,11 +27,11 @@ def _panels(device: str, suite: str, ceilings: dict) -> list[dict]:
     """What each panel shows: a value extractor, a y label, a log flag and reference lines."""
     time_panel = {"value": lambda p: p["time_s"] * 1e3, "ylabel": "median time (ms)", "log": True, "lines": []}
     if device == "cpu":
-        ratio_lines = [(2.0, "target 2x")] if suite == "decode" else []
+        ratio_lines = [(2.0, "target 2x")] if suite in ("decode", "prefill") else []
         memory = {"value": lambda p: (p["input_bytes"] + (p["peak_extra_bytes"] or 0)) / 1e6,
                   "ylabel": "inputs + peak extra (MB)", "log": True, "lines": []}
-        ratio = {"value": lambda p: p.get("time_ratio_vs_baseline"), "ylabel": "time / SDPA time", "log": False,
-                 "lines": ratio_lines, "skip_baseline": True}
+        ratio = {"value": lambda p: p.get("time_ratio_vs_baseline"), "ylabel": "time / fastest SDPA call",
+                 "log": False, "lines": ratio_lines, "skip_baseline": True}
         return [time_panel, ratio, memory]
     if suite == "prefill":
         throughput = {"value": lambda p: p["flop_per_s"] / 1e12, "ylabel": "TFLOP/s", "log": False, "lines": []}
@@ -47,6 +48,16 @@ def _case_order(case: dict) -> tuple:
     return shape.get("seqlen_k", shape.get("rows", 0)), shape.get("batch", 0)
 
 
+def caption(result: dict, suite: str, cases: list[dict]) -> str:
+    """The figure's title: what is compared, on which shapes (those all the suite's cases share)."""
+    shape = cases[0]["shape"] if cases else {}
+    shared = {key: value for key, value in shape.items() if all(c["shape"].get(key) == value for c in cases)}
+    what = ", ".join(f"{key}={shared[key]}" for key in ("batch", "heads_q", "heads_kv", "head_dim", "dtype", "causal")
+                     if key in shared)
+    versus = "attn_ref (PyTorch reference) vs the fastest SDPA call" if result["device"] == "cpu" else "Triton kernels vs SDPA"
+    return f"{result['device'].upper()} {suite}: {versus}" + (f"\n{what}" if what else "")
+
+
 def plot_suite(result: dict, suite: str, path: Path) -> None:
     cases = sorted((c for c in result["cases"] if c["suite"] == suite), key=_case_order)
     providers = list(dict.fromkeys(name for c in cases for name in c["providers"]))
@@ -55,7 +66,7 @@ def plot_suite(result: dict, suite: str, path: Path) -> None:
     width = 0.8 / max(1, len(providers))
     for ax, panel in zip(axes[0], panels):
         for j, name in enumerate(providers):
-            if panel.get("skip_baseline") and all(c["baseline"] == name for c in cases):
+            if panel.get("skip_baseline") and all(c["baseline"] == name for c in cases if name in c["providers"]):
                 continue
             xs, ys = [], []
             for i, case in enumerate(cases):
@@ -64,9 +75,10 @@ def plot_suite(result: dict, suite: str, path: Path) -> None:
                 if value is not None:
                     xs.append(i + (j - (len(providers) - 1) / 2) * width)
                     ys.append(value)
-            ax.bar(xs, ys, width=width, label=name)
+            ax.bar(xs, ys, width=width, label=name, color=f"C{j}")  # one colour per provider in every panel
         for y, text in panel["lines"]:
             ax.axhline(y, linestyle="--", color="gray", linewidth=1)
+            ax.set_ylim(top=max(ax.get_ylim()[1], 1.15 * y))
             ax.annotate(text, (0, y), xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
         ax.set_xticks(range(len(cases)), [c["label"] for c in cases], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(panel["ylabel"])
@@ -77,7 +89,7 @@ def plot_suite(result: dict, suite: str, path: Path) -> None:
             ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"{suite} ({result['device']})")
+    fig.suptitle(caption(result, suite, cases))
     fig.text(0.01, 0.01, textwrap.fill(provenance(result), 180), fontsize=6, va="bottom")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)

@@ -6,24 +6,27 @@ pages of all sequences shuffled by a random permutation) in which each of the ``
 benchmarked problem, scaled down, through both implementations against their oracle):
 
 * **decode**: ``seqlen_q = 1``, no mask (the new token sees its whole context);
+* **ragged decode** (``ragged=True``): the same, but sequence ``i`` holds ``(i + 1) / b`` of
+  ``seqlen_k`` tokens (:meth:`Problem.seqlens_k`), so a dense baseline needs a padding mask;
 * **prefill**: ``seqlen_q = seqlen_k``, causal (the prompt's keys are already in the cache).
 
 Torch SDPA gets the same logical problem: K/V gathered from the pages into dense tensors ahead of
-time (not timed), in SDPA's ``(b, heads, seq, d)`` layout (:func:`dense_kv`), plus a mask where the
-backend takes one (:func:`sdpa_mask`).
+time (not timed), in SDPA's ``(b, h_k, seq, d)`` layout with the KV heads not repeated
+(:func:`dense_kv`; SDPA's ``enable_gqa=True`` maps the query heads), and a mask only where the
+problem needs one (:func:`sdpa_mask`: ragged lengths).
 
 Counts (``h`` / ``h_k`` query / KV heads, ``d`` / ``dv`` head dims, ``e`` bytes per element):
 
 * bytes, the least traffic a call needs (each input read once, the output written once), as in
   FlashAttention's ``hopper/benchmark_mla_decode.py``::
 
-      K + V   = b * seqlen_k * h_k * (d + dv) * e
+      K + V   = Σ_i seqlen_k(i) * h_k * (d + dv) * e      (b * seqlen_k * ... unless ragged)
       q + out = b * seqlen_q * h * (d + dv) * e
       indices = page_table (b * ceil(seqlen_k / P) * 4) + cache_seqlens (b * 4)
 
 * FLOPs, two matmuls of ``2 * m * n * k`` each (the Triton tutorial's count)::
 
-      flops = 2 * b * h * seqlen_q * seqlen_k * (d + dv) * visible
+      flops = 2 * h * seqlen_q * Σ_i seqlen_k(i) * (d + dv) * visible
 
   with ``visible = 0.5`` for causal ``seqlen_q == seqlen_k`` (the tutorial's and FlashAttention's
   convention) and 1 otherwise.
@@ -55,6 +58,7 @@ class Problem:
     head_dim: int = 128
     page_size: int = 64
     dtype: str = "bfloat16"
+    ragged: bool = False  # sequence i holds (i + 1) / b of seqlen_k tokens (decode only)
 
     @property
     def causal(self) -> bool:
@@ -62,7 +66,8 @@ class Problem:
 
     @property
     def label(self) -> str:
-        return f"b={self.batch} sk={self.seqlen_k}" + (f" sq={self.seqlen_q}" if self.seqlen_q > 1 else "")
+        label = f"b={self.batch} sk={self.seqlen_k}" + (f" sq={self.seqlen_q}" if self.seqlen_q > 1 else "")
+        return ("ragged " if self.ragged else "") + label
 
     @property
     def element_size(self) -> int:
@@ -71,6 +76,12 @@ class Problem:
     @property
     def pages_per_sequence(self) -> int:
         return -(-self.seqlen_k // self.page_size)
+
+    def seqlens_k(self) -> list[int]:
+        """Tokens of each sequence: ``seqlen_k`` each, or ``seqlen_k * (i + 1) // b`` when ragged."""
+        if not self.ragged:
+            return [self.seqlen_k] * self.batch
+        return [self.seqlen_k * (i + 1) // self.batch for i in range(self.batch)]
 
     def shape(self) -> dict:
         return {**asdict(self), "causal": self.causal}
@@ -85,7 +96,7 @@ class Problem:
     def bytes_moved(self) -> int:
         """Least device-memory traffic of one call (see the module docstring)."""
         b, e, d = self.batch, self.element_size, self.head_dim
-        kv = b * self.seqlen_k * self.heads_kv * (d + d) * e
+        kv = sum(self.seqlens_k()) * self.heads_kv * (d + d) * e
         q_and_out = b * self.seqlen_q * self.heads_q * (d + d) * e
         indices = b * self.pages_per_sequence * 4 + b * 4
         return kv + q_and_out + indices
@@ -94,11 +105,11 @@ class Problem:
         """Matmul FLOPs of one call (see the module docstring)."""
         visible = 0.5 if self.causal else 1.0
         d = self.head_dim
-        return int(2 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (d + d) * visible)
+        return int(2 * self.heads_q * self.seqlen_q * sum(self.seqlens_k()) * (d + d) * visible)
 
 
-def decode(batch: int, context: int, dtype: str = "bfloat16") -> Problem:
-    return Problem("decode", batch, 1, context, dtype=dtype)
+def decode(batch: int, context: int, dtype: str = "bfloat16", ragged: bool = False) -> Problem:
+    return Problem("decode", batch, 1, context, dtype=dtype, ragged=ragged)
 
 
 def prefill(batch: int, seqlen: int, dtype: str = "bfloat16") -> Problem:
@@ -136,6 +147,8 @@ def make_inputs(problem: Problem, device: str, seed: int = 0) -> KVCacheInputs:
     :meth:`Problem.case`): random normal q / K / V (never zeros: they hide indexing bugs) in a
     shuffled paged cache with a few spare pages."""
     args = make_case(**problem.case(), seed=seed, device=device)
+    if problem.ragged:
+        args["cache_seqlens"] = torch.tensor(problem.seqlens_k(), dtype=torch.int32, device=device)
     return KVCacheInputs(args["q"], args["k_cache"], args["v_cache"], args["page_table"], args["cache_seqlens"],
                          problem.causal)
 
@@ -156,5 +169,9 @@ def dense_kv(inputs: KVCacheInputs, seqlen_k: int, expand_gqa: bool) -> tuple[to
 
 
 def sdpa_mask(problem: Problem, device: str) -> torch.Tensor:
-    """The explicit boolean mask ``(sq, sk)`` of the problem (True = visible), bottom-right causal."""
-    return visible_keys(problem.seqlen_q, problem.seqlen_k, causal=problem.causal, device=device)
+    """The explicit boolean mask ``(b, 1, sq, sk)`` of the problem (True = visible): bottom-right
+    causal, and each sequence's keys only up to its length (:meth:`Problem.seqlens_k`)."""
+    lengths = torch.tensor(problem.seqlens_k(), device=device)
+    in_sequence = torch.arange(problem.seqlen_k, device=device) < lengths[:, None]  # (b, sk)
+    visible = visible_keys(problem.seqlen_q, problem.seqlen_k, causal=problem.causal, device=device)  # (sq, sk)
+    return visible[None, None] & in_sequence[:, None, None, :]

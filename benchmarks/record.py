@@ -166,7 +166,7 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
 
 def _device_cells(gpu: bool, case: dict, provider: dict) -> list[str]:
     """GPU: the roofline time (bytes / copy bandwidth, or FLOPs / matmul rate if larger). CPU: what the
-    provider is given (SDPA: dense K/V with the KV heads repeated) and the load after the case."""
+    provider is given (SDPA: dense K/V gathered before the timer) and the load after the case."""
     if gpu:
         return ["-" if case.get("ideal_time_s") is None else _duration(case["ideal_time_s"])]
     inputs = provider.get("input_bytes")
@@ -191,6 +191,17 @@ def text_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def calls(result: dict) -> list[str]:
+    """Markdown lines: the exact call each provider times, once per (suite, kind of case, provider)."""
+    found = {}
+    for case in result["cases"]:
+        kind = case["suite"] + (" (ragged lengths)" if case["shape"].get("ragged") else "")
+        for name, p in case["providers"].items():
+            if "call" in p:
+                found.setdefault((kind, name), p["call"])
+    return [f"- {kind}, `{name}`: `{call}`" for (kind, name), call in found.items()]
+
+
 def provenance(result: dict) -> str:
     """One line: machine, date, versions, command (printed on every figure and table)."""
     v = result["versions"]
@@ -213,6 +224,8 @@ def markdown(result: dict) -> str:
         f"{_loads(load['loadavg_1_5_15_start'])}, at end {_loads(load['loadavg_1_5_15_end'])}"
         + (f". Stopped early: {result['settings']['stopped_early']}." if "stopped_early" in result["settings"] else "."),
         "",
+        *(["Calls timed (inputs made before the timer; a case's baseline is its fastest SDPA call):", "",
+            *calls(result), ""] if calls(result) else []),
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
         *("| " + " | ".join(row) + " |" for row in rows),

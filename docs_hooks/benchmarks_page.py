@@ -1,8 +1,9 @@
 """MkDocs hook: the "Benchmarks" page, generated from the committed results in ``benchmarks/results/``.
 
 For each device that has results (``<device>.json``, written by ``python -m benchmarks.run``), the
-page shows the run's provenance, the table of :func:`benchmarks.record.table_rows` (the harness's own
-rows, so the page and the printed table agree), the targets, and every ``<device>_<suite>.png`` plot.
+page shows the run's provenance, the exact calls timed, the table of :func:`benchmarks.record.table_rows`
+(the harness's own rows, so the page and the printed table agree), the targets, the notes written on
+the run (``<device>_notes.md``, if any) and every ``<device>_<suite>.png`` plot.
 A device without results gets a warning that says so, first on the page, instead of a description
 of figures that are not there. The page and the plots are ``File.generated`` (nothing is written
 into ``docs/``); without any result file there is no page and no nav entry.
@@ -33,7 +34,9 @@ benchmarks and are never reported.
 #: What each device's results compare, said only when they exist.
 MEASURES = {"cuda": "The Triton kernels against PyTorch's `scaled_dot_product_attention` on the same problems "
                     "(decode bandwidth, prefill FLOP/s, the combine kernel).",
-            "cpu": "The PyTorch reference against `scaled_dot_product_attention` (time ratio and peak memory)."}
+            "cpu": "The PyTorch reference against `scaled_dot_product_attention` at its best on the same problems "
+                   "(K/V gathered before the timer, `enable_gqa=True`, no mask unless lengths are ragged): "
+                   "time ratio and peak memory."}
 
 
 #: What is missing for a device without committed results.
@@ -68,6 +71,9 @@ def result_section(result: dict) -> list[str]:
     header, rows = record.table_rows(result)
     lines = [f"Measured on {result['machine']['summary']}, {result['date']}, with `{result['command']}`.", ""]
     lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".", ""]
+    if record.calls(result):
+        lines += ["Calls timed (inputs made before the timer; a case's baseline is its fastest SDPA call):", ""]
+        lines += record.calls(result) + [""]
     lines += ["| " + " | ".join(map(_cell, header)) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in rows] + [""]
     lines += [f"* {t['name']}: {t['value']:.4g}, **{'met' if t['met'] else 'not met'}**" for t in result["targets"]]
@@ -86,6 +92,9 @@ def page(config) -> tuple[str, dict[str, bytes]]:
     for device in present:
         result = json.loads((results / f"{device}.json").read_text(encoding="utf-8"))
         lines += [f"## {DEVICES[device]}", "", MEASURES[device], ""] + result_section(result)
+        notes = results / f"{device}_notes.md"  # what the measurements say, written after the run
+        if notes.is_file():
+            lines += [notes.read_text(encoding="utf-8"), ""]
         for plot in sorted(results.glob(f"{device}_*.png")):
             suite = plot.stem.removeprefix(f"{device}_").replace("_", " ")
             images[plot.name] = plot.read_bytes()

@@ -9,6 +9,7 @@ import torch
 
 from attn_ref import (apply_rotary, gather_cache, merge_attention_states, paged_to_dense, scatter_cache,
                       split_bounds, visible_keys)
+from attn_ref.paged import gather_range
 from dense_oracle import dense_attention, logical_cache, masked_keys, rope
 
 INF = float("inf")
@@ -52,6 +53,18 @@ def test_paged_addressing_round_trip():
     assert torch.equal(cache[2, 0], values[0]) and torch.equal(cache[1, 3], values[4])  # page 1 = table[1, 2]
     dense = torch.randn(3, 6, 2, 8, generator=gen)
     assert torch.equal(gather_cache(dense, 2, positions[:3]), dense[2, positions[:3]])
+
+
+@pytest.mark.parametrize("start, end", [(0, 12), (1, 3), (3, 5), (4, 8), (5, 11), (6, 6), (12, 12)])
+def test_gather_range_reads_what_gather_cache_reads(start, end):
+    """Whole pages (a copy) or a view of a contiguous cache: the positions [start, end), across page edges."""
+    gen = torch.Generator().manual_seed(2)
+    cache = torch.randn(9, 4, 2, 8, generator=gen)  # 9 pages of 4 tokens, 3 per sequence
+    table = torch.tensor([[5, 0, 7], [2, 8, 1]], dtype=torch.int32)
+    positions = torch.arange(start, end)
+    assert torch.equal(gather_range(cache, 1, start, end, table), gather_cache(cache, 1, positions, table))
+    dense = torch.randn(3, 12, 2, 8, generator=gen)
+    assert torch.equal(gather_range(dense, 2, start, end), gather_cache(dense, 2, positions))
 
 
 @pytest.mark.parametrize("seqlen_k, n", [(10, 3), (9, 3), (2, 5), (0, 3), (7, 1)])

@@ -187,6 +187,20 @@ def test_row_chunking_gives_identical_results(monkeypatch):
         torch.testing.assert_close(x, y, rtol=2e-6, atol=2e-6)
 
 
+@pytest.mark.parametrize("window, chunk", [((-1, -1), None), ((3, 1), None), ((-1, -1), 4)])
+def test_row_tiles_and_key_blocks_give_the_same_results(monkeypatch, window, chunk):
+    """Tiles of 2 rows and blocks of 3 keys (tiles that skip keys, blocks folded with ⊕, empty blocks
+    of a tile) against one tile and one block: the same numbers up to fp32 rounding."""
+    args = make_case(seqlen_q=9, seqlen_new=4, capacity=20, causal=True, window=window, chunk=chunk, sinks=True,
+                     softcap=2.0, heads=6, heads_k=3, leftpad=True, page_size=4, seed=8)
+    whole = flash_attn_with_kvcache(**clone_args(args), return_softmax_lse=True, num_splits=2)
+    monkeypatch.setattr(attn_ref.attention, "ROWS_PER_TILE", 2)
+    monkeypatch.setattr(attn_ref.attention, "KEYS_PER_BLOCK", 3)
+    tiled = flash_attn_with_kvcache(**clone_args(args), return_softmax_lse=True, num_splits=2)
+    for x, y in zip(whole, tiled):
+        torch.testing.assert_close(x, y, rtol=2e-6, atol=2e-6)
+
+
 def test_32k_context_decode_memory_bound():
     """b=1, one query, 32 query heads over 8 KV heads, d=128, 32k cached tokens, bf16."""
     gen = torch.Generator().manual_seed(7)

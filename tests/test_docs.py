@@ -16,6 +16,7 @@ import inspect
 import json
 import re
 import os
+import posixpath
 import subprocess
 import sys
 import textwrap
@@ -314,12 +315,17 @@ def test_paired_name_rule():
     assert paired_name("_merge_pair") != paired_name("merge_attention_states")
 
 
+def entry_html(site: Path, entry: dict) -> str:
+    """The built page of a catalog entry: ``errors/<slug>/``."""
+    return (site / "errors" / entry["slug"] / "index.html").read_text(encoding="utf-8")
+
+
 def test_every_catalog_entry_has_a_page(site, catalog):
     index = (site / "errors" / "index.html").read_text(encoding="utf-8")
     base = catalog["docs_base_url"].rstrip("/")
     for entry in catalog["errors"]:
-        page = site / "errors" / entry["id"] / "index.html"
-        assert page.is_file(), entry["id"]
+        page = site / "errors" / entry["slug"] / "index.html"
+        assert page.is_file(), entry["slug"]
         # The URLs the catalog (and the exception notes) print are the pages and files built here.
         assert site / entry["docs_url"].removeprefix(base).strip("/") / "index.html" == page
         assert (site / entry["api_url"].removeprefix(base).strip("/")).is_file(), entry["api_url"]
@@ -329,7 +335,40 @@ def test_every_catalog_entry_has_a_page(site, catalog):
             assert "Recovery" not in text and "Also raised upstream as" in text, entry["id"]
         else:
             assert "Recovery" in text, entry["id"]
-        assert f'href="{entry["id"]}/"' in index, f"errors/index does not link {entry['id']}"
+        assert f'href="{entry["slug"]}/"' in index, f"errors/index does not link {entry['slug']}"
+
+
+def redirect_target(page: Path) -> str:
+    """Where a static redirect page sends the reader (its meta refresh), checked against its plain link."""
+    text = page.read_text(encoding="utf-8")
+    target = re.search(r'<meta http-equiv="refresh" content="0; url=([^"]+)">', text).group(1)
+    assert f'<a href="{target}">' in text, page
+    return target
+
+
+def test_id_and_old_slug_urls_redirect_to_the_entry_page(site, catalog):
+    """``/errors/<id>/`` (the URLs notes printed before slugs) and ``/errors/<alias>/`` are static
+    redirects to ``/errors/<slug>/``, with the published page as canonical link."""
+    for entry in catalog["errors"]:
+        for name in [entry["id"], *entry.get("aliases", [])]:
+            page = site / "errors" / name / "index.html"
+            target = (page.parent / redirect_target(page)).resolve()
+            assert target == (site / "errors" / entry["slug"]).resolve(), (name, target)
+            assert f'<link rel="canonical" href="{entry["docs_url"]}">' in page.read_text(encoding="utf-8")
+
+
+def test_no_internal_link_points_to_an_id_url(site):
+    """Links of the site (pages, search index, JSON API) name the slug URL; only redirects name ids."""
+    id_url = re.compile(r"errors/[0-9a-f]{16}/")
+    found = {}
+    for path in sorted(site.rglob("*")):
+        text = path.read_text(encoding="utf-8") if path.suffix in (".html", ".json", ".js") else ""
+        if 'http-equiv="refresh"' in text:  # a redirect page names the id it serves
+            continue
+        hits = sorted(set(id_url.findall(text)))
+        if hits:
+            found[path.relative_to(site).as_posix()] = hits[:3]
+    assert not found, found
 
 
 def test_upstream_errors_page_links_every_message_to_its_entry(site):
@@ -337,15 +376,16 @@ def test_upstream_errors_page_links_every_message_to_its_entry(site):
     for data in upstream.load_all():
         assert f">{data['title']}</h2>" in re.sub(r"<a [^>]*>.*?</a>", "", text), data["source"]
         for message in data["messages"]:
-            assert f'href="../{message["entry"]}/"' in text, message["template"]
-    page = (site / "errors" / "541c547258dbac23" / "index.html").read_text(encoding="utf-8")
+            href = posixpath.relpath(f"errors/{cat.get(message['entry'])['slug']}", "errors/upstream")
+            assert f'href="{href}/"' in text, message["template"]
+    page = entry_html(site, cat.get("541c547258dbac23"))
     assert "Also raised upstream as" in page and "seqused_k must have dtype int32" in page
 
 
 def test_error_pages_show_the_real_output_and_sit_in_the_nav(site, catalog):
     """The trigger's exception line, as raised at build time; the sidebar and previous/next links."""
     for entry in catalog["errors"]:
-        text = (site / "errors" / entry["id"] / "index.html").read_text(encoding="utf-8")
+        text = entry_html(site, entry)
         assert 'class="md-footer__link md-footer__link--prev"' in text, entry["id"]
         assert "md-nav__link--active" in text, f"{entry['id']} is not in the nav"
         if entry["status"] == "active":
@@ -361,7 +401,7 @@ def test_error_pages_highlight_the_raise(site, catalog):
     for entry in catalog["errors"]:
         if entry["source"] is None:  # upstream-only: no raise of the package to show
             continue
-        text = (site / "errors" / entry["id"] / "index.html").read_text(encoding="utf-8")
+        text = entry_html(site, entry)
         highlighted = text.split('<span class="hll">', 1)[1].split("</span>\n", 1)[0]
         assert "raise" in highlighted, entry["id"]
 
@@ -476,6 +516,8 @@ def site_pages(site: Path) -> list[str]:
     """The URL path of every HTML page of the built site."""
     pages = []
     for html in sorted(site.rglob("*.html")):
+        if 'http-equiv="refresh"' in html.read_text(encoding="utf-8"):  # a redirect to another page
+            continue
         rel = html.relative_to(site).as_posix()
         pages.append("/" + rel.removesuffix("index.html"))
     return pages
@@ -561,7 +603,7 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
             entry = cat.lookup(pasted, catalog)
             assert entry is not None, pasted
             href = first_search_result(browser, pasted)
-            assert href.rstrip("/").endswith(f"errors/{entry['id']}"), (pasted, href)
+            assert href.rstrip("/").endswith(f"errors/{entry['slug']}"), (pasted, href)
     # Upstream's messages, as users paste them, open the entry `explain` gives (a few forms: every
     # message in every form is checked against errors.lookup in test_errors_upstream.py).
     for pasted in ("RuntimeError: seqused_k must have dtype int32",
@@ -571,7 +613,7 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
                    "AssertionError: zigzag ring is meaningless for causal=False"):
         entry = cat.lookup(pasted, catalog)
         href = first_search_result(browser, pasted)
-        assert href.rstrip("/").endswith(f"errors/{entry['id']}"), (pasted, href)
+        assert href.rstrip("/").endswith(f"errors/{entry['slug']}"), (pasted, href)
     for exc in errors[:2]:  # messages of one raise site: the entry of the exception itself
         assert cat.lookup(str(exc), catalog)["id"] == cat.lookup(exc, catalog)["id"]
     # Free text still searches the pages.
@@ -615,7 +657,7 @@ def test_browser_side_by_side_columns_and_narrow_screens(browser, catalog):
     page.locator(".side-by-side .tabbed-block").first.locator("code > span[id]", has_text="softcap").first.hover()
     assert page.locator(".side-by-side .tabbed-block").nth(1).locator(".sbs-line-match").count() > 0
     page.set_viewport_size({"width": 420, "height": 900})
-    for path in ("/errors/", f"/errors/{entry['id']}/"):
+    for path in ("/errors/", f"/errors/{entry['slug']}/"):
         browser.open(path)
         assert page.evaluate(OVERFLOW) <= 0, path
         link = page.locator(".error-index a, article h1").first.bounding_box()
@@ -624,7 +666,7 @@ def test_browser_side_by_side_columns_and_narrow_screens(browser, catalog):
             page.screenshot(path=f"{shots}/{'error-index' if path == '/errors/' else 'error-page'}_420.png")
     if shots:
         page.set_viewport_size({"width": 1400, "height": 1000})
-        browser.open(f"/errors/{entry['id']}/")
+        browser.open(f"/errors/{entry['slug']}/")
         page.screenshot(path=f"{shots}/error-page_1400.png")
     page.set_viewport_size({"width": 1400, "height": 900})
     assert browser.problems() == []
@@ -633,12 +675,18 @@ def test_browser_side_by_side_columns_and_narrow_screens(browser, catalog):
 def test_browser_home_and_an_error_page(browser, catalog):
     assert heading(browser.open("/")) == "attn-ref"
     entry = catalog["errors"][0]
-    page = browser.open(f"/errors/{entry['id']}/")
+    page = browser.open(f"/errors/{entry['slug']}/")
     assert heading(page) == entry["summary"]
+    # The id URL (and an old slug) redirect to the entry's page.
+    renamed = next(e for e in catalog["errors"] if e.get("aliases"))
+    for old, new in ((entry["id"], entry["slug"]), (renamed["aliases"][0], renamed["slug"])):
+        page = browser.open(f"/errors/{old}/#solutions")
+        page.wait_for_url(f"**/errors/{new}/#solutions")
+        assert heading(page) == cat.get(new)["summary"]
     assert page.locator("article").get_by_text("What it means").count() == 1
     # The longest message and its captured output wrap at 1400 px: nothing is cut at the column's edge.
     longest = max((e for e in catalog["errors"] if e["status"] == "active"), key=lambda e: len(e["message"]["template"]))
-    page = browser.open(f"/errors/{longest['id']}/")
+    page = browser.open(f"/errors/{longest['slug']}/")
     widths = page.evaluate("() => [...document.querySelectorAll('.error-text pre > code')].map(c => [c.scrollWidth, c.clientWidth])")
     assert len(widths) == 2 and all(scroll <= client + 1 for scroll, client in widths), (longest["id"], widths)
     assert browser.problems() == []

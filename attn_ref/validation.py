@@ -307,9 +307,9 @@ def _check_queries(q: torch.Tensor, cu_seqlens_q, max_seqlen_q, value_checks: bo
 
 
 def _check_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table) -> tuple[int, int, int]:
-    """The caches are ``(batch_cache, seqlen_cache, h_k, d|dv)``, or paged ``(num_pages, P, h_k, d|dv)``
-    with an int32 ``(batch_k, max_pages_per_seq)`` page table and ``P >= 1``; ``h_k`` divides ``h``.
-    Returns ``(P or 0, capacity, batch_k)``."""
+    """The caches are ``(batch_cache, seqlen_cache, h_k, d|dv)``, or paged ``(num_pages, page_size, h_k,
+    d|dv)`` with an int32 ``(batch_k, max_pages_per_seq)`` page table and ``page_size >= 1``; ``h_k``
+    divides ``h``. Returns ``(page_size or 0, capacity, batch_k)``."""
     num_heads, head_dim, num_heads_k = q.shape[-2], q.shape[-1], v_cache.shape[2]
     _require_shape("k_cache", k_cache, (*v_cache.shape[:3], head_dim), "(matching v_cache, with q's head dim)")
     if num_heads_k == 0 or num_heads % num_heads_k != 0:
@@ -650,7 +650,7 @@ def _check_write_conflicts(call: KVCacheCall) -> None:
 
 
 def _check_rotary_rows(call: KVCacheCall) -> None:
-    """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + Sq - 1``
+    """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + s_q - 1``
     unless the queries' position is fixed) for the queries."""
     rotary_cos, batch = call.rotary_cos, call.batch_host
     rotary_starts = batch.rotary_starts

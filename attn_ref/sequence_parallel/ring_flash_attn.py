@@ -5,10 +5,10 @@ window_size=(-1, -1), alibi_slopes=None, deterministic=False, return_attn_probs=
 and its ``_kvpacked_func(q, kv, ...)`` / ``_qkvpacked_func(qkv, ...)`` variants, with the same names,
 order, defaults and return convention as ring-flash-attention (zhuzilin/ring-flash-attention):
 
-* layout ``[B, S, H, D]``, this rank's block of the sequence; ``kv [B, S, 2, Hkv, D]`` and
-  ``qkv [B, S, 3, H, D]`` (k, v or q, k, v stacked on dim 2);
+* layout ``[b, S / P, h, d]``, this rank's block of the sequence; ``kv [b, S / P, 2, h_k, d]`` and
+  ``qkv [b, S / P, 3, h, d]`` (k, v or q, k, v stacked on dim 2);
 * ``group=None`` rings over the default group (the whole world);
-* returns ``out [B, S, H, D]`` (q's dtype), or ``(out, softmax_lse [B, H, S] fp32, None)`` with
+* returns ``out [b, S / P, h, d]`` (q's dtype), or ``(out, softmax_lse [b, h, S / P] fp32, None)`` with
   ``return_attn_probs=True`` (ring-flash-attention returns no probabilities either).
 
 ``zigzag_ring_flash_attn_*`` expect the zigzag layout (rank ``r`` holds chunks ``r`` and
@@ -80,7 +80,7 @@ def _ring_flash_attn(call: str, zigzag: bool, packed: dict[str, torch.Tensor], *
     out, lse = ring_attention_unchecked(q, k, v, group, softmax_scale, causal, zigzag, backend)
     if not return_attn_probs:
         return out
-    return out, lse.transpose(1, 2).contiguous(), None  # [B, S, H] -> ring-flash-attention's [B, H, S]
+    return out, lse.transpose(1, 2).contiguous(), None  # [b, S / P, h] -> ring-flash-attention's [b, h, S / P]
 
 
 # The entry points: upstream's signatures (names, order, defaults, no annotations, as upstream writes
@@ -125,7 +125,7 @@ def ring_flash_attn_kvpacked_func(
     q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]`` (k and v stacked on dim 2)."""
+    """:func:`ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]`` (k and v stacked on dim 2)."""
     return _ring_flash_attn(
         "ring_flash_attn_kvpacked_func", False, dict(q=q, kv=kv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -137,7 +137,7 @@ def ring_flash_attn_qkvpacked_func(
     qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` with ``qkv [B, S, 3, H, D]`` (q, k, v stacked on dim 2)."""
+    """:func:`ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]`` (q, k, v stacked on dim 2)."""
     return _ring_flash_attn(
         "ring_flash_attn_qkvpacked_func", False, dict(qkv=qkv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -161,7 +161,7 @@ def zigzag_ring_flash_attn_kvpacked_func(
     q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """:func:`zigzag_ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]``."""
+    """:func:`zigzag_ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]``."""
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_kvpacked_func", True, dict(q=q, kv=kv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -173,7 +173,7 @@ def zigzag_ring_flash_attn_qkvpacked_func(
     qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """:func:`zigzag_ring_flash_attn_func` with ``qkv [B, S, 3, H, D]``."""
+    """:func:`zigzag_ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]``."""
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_qkvpacked_func", True, dict(qkv=qkv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -207,7 +207,7 @@ def with_backend(func: Callable, backend: AttentionBackend) -> Callable:
 
 
 def check_packed(name: str, x: torch.Tensor, parts: int) -> None:
-    """ring-flash-attention's packed layouts: ``kv [B, S, 2, Hkv, D]``, ``qkv [B, S, 3, H, D]``."""
+    """ring-flash-attention's packed layouts: ``kv [b, S / P, 2, h_k, d]``, ``qkv [b, S / P, 3, h, d]``."""
     if x.dim() != 5 or x.shape[2] != parts:
         raise ValueError(
             f"{name} must be a [batch, seq, {parts}, heads, head_dim] tensor, got shape {tuple(x.shape)}"

@@ -58,13 +58,19 @@ def attention_backward(
     """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments and shapes).
 
     Args:
-        dout: ``[b, s_q, h, d_v]``; q: ``[b, s_q, h, d]``; k: ``[b, s_k, h_k, d]``; v: ``[b, s_k, h_k, d_v]``
-            (fp16/bf16/fp32, one dtype; ``d, d_v <= 256``); out: ``[b, s_q, h, d_v]``; lse: ``[b, s_q, h]``.
-        softmax_scale, causal: the forward's (bottom-right causal).
+        dout: ``[b, s_q, h, d_v]`` gradient of the output (fp16/bf16/fp32: the inputs share one dtype).
+        q: ``[b, s_q, h, d]`` (``d, d_v <= 256``).
+        k: ``[b, s_k, h_k, d]``.
+        v: ``[b, s_k, h_k, d_v]``.
+        out: ``[b, s_q, h, d_v]`` the forward's output.
+        lse: ``[b, s_q, h]`` the forward's natural-log LSE.
+        softmax_scale: the forward's.
+        causal: the forward's (bottom-right causal).
         dlse: ``[b, s_q, h]`` gradient of the LSE, or None.
         grad_dtype: dtype of the returned gradients; default each input's own dtype.
-        window_size, attention_chunk, softcap: the forward's sliding window ``(left, right)`` (-1:
-            unbounded), chunk size and logit softcap (0 or None: off).
+        window_size: the forward's sliding window ``(left, right)`` (-1: unbounded).
+        attention_chunk: the forward's chunk size (0: off).
+        softcap: the forward's logit softcap (0 or None: off).
 
     Returns:
         ``(dq, dk, dv)`` in the shapes of q, k, v.

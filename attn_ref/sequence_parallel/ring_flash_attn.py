@@ -92,14 +92,14 @@ def ring_flash_attn_func(
     q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """Ring attention of this rank's block ``q [b, s, h, d]`` over every rank's ``k, v [b, s, h_k, d]``.
+    """Ring attention of this rank's block ``q [b, S / P, h, d]`` over every rank's ``k, v [b, S / P, h_k, d]``.
 
-    Contiguous layout: rank ``r`` of ``group`` holds tokens ``[r·S, (r+1)·S)``. See the module docstring.
+    Contiguous layout: rank ``r`` of ``group`` holds tokens ``[r·S / P, (r+1)·S / P)``. See the module docstring.
 
     Args:
-        q (torch.Tensor): ``[b, s, h, d]``, this rank's queries.
-        k (torch.Tensor): ``[b, s, h_k, d]``, this rank's keys (``h % h_k == 0``).
-        v (torch.Tensor): ``[b, s, h_k, d]``, this rank's values.
+        q (torch.Tensor): ``[b, S / P, h, d]``, this rank's queries.
+        k (torch.Tensor): ``[b, S / P, h_k, d]``, this rank's keys (``h % h_k == 0``).
+        v (torch.Tensor): ``[b, S / P, h_k, d]``, this rank's values.
         dropout_p (float): must be 0 (``NotImplementedError`` otherwise).
         softmax_scale (float | None): default ``d ** -0.5``.
         causal (bool): causal over the global sequence.
@@ -111,7 +111,7 @@ def ring_flash_attn_func(
         backend (AttentionBackend): local attention + merge (the kernels' in :mod:`kernels.sequence_parallel`).
 
     Returns:
-        ``out [b, s, h, d]`` in q's dtype, or ``(out, lse [b, h, s] fp32, None)`` with
+        ``out [b, S / P, h, d]`` in q's dtype, or ``(out, lse [b, h, S / P] fp32, None)`` with
         ``return_attn_probs=True``.
     """
     return _ring_flash_attn(
@@ -125,7 +125,21 @@ def ring_flash_attn_kvpacked_func(
     q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]`` (k and v stacked on dim 2)."""
+    """:func:`ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]`` (k and v stacked on dim 2).
+
+    Args:
+        q (torch.Tensor): ``[b, S / P, h, d]``, this rank's queries.
+        kv (torch.Tensor): ``[b, S / P, 2, h_k, d]``, this rank's keys and values.
+        dropout_p (float): must be 0.
+        softmax_scale (float | None): default ``d ** -0.5``.
+        causal (bool): causal over the global sequence.
+        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
+        alibi_slopes (None): must be None.
+        deterministic (bool): accepted, no effect.
+        return_attn_probs (bool): also return the LSE (and None for the probabilities).
+        group (ProcessGroup | None): the ring; None is the default group.
+        backend (AttentionBackend): local attention + merge.
+    """
     return _ring_flash_attn(
         "ring_flash_attn_kvpacked_func", False, dict(q=q, kv=kv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -137,7 +151,20 @@ def ring_flash_attn_qkvpacked_func(
     qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]`` (q, k, v stacked on dim 2)."""
+    """:func:`ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]`` (q, k, v stacked on dim 2).
+
+    Args:
+        qkv (torch.Tensor): ``[b, S / P, 3, h, d]``, this rank's queries, keys and values.
+        dropout_p (float): must be 0.
+        softmax_scale (float | None): default ``d ** -0.5``.
+        causal (bool): causal over the global sequence.
+        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
+        alibi_slopes (None): must be None.
+        deterministic (bool): accepted, no effect.
+        return_attn_probs (bool): also return the LSE (and None for the probabilities).
+        group (ProcessGroup | None): the ring; None is the default group.
+        backend (AttentionBackend): local attention + merge.
+    """
     return _ring_flash_attn(
         "ring_flash_attn_qkvpacked_func", False, dict(qkv=qkv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -149,7 +176,22 @@ def zigzag_ring_flash_attn_func(
     q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` on the zigzag layout (rank ``r``: chunks ``r`` and ``2P-1-r`` of ``2P``)."""
+    """:func:`ring_flash_attn_func` on the zigzag layout (rank ``r``: chunks ``r`` and ``2P-1-r`` of ``2P``).
+
+    Args:
+        q (torch.Tensor): ``[b, S / P, h, d]``, this rank's queries.
+        k (torch.Tensor): ``[b, S / P, h_k, d]``, this rank's keys.
+        v (torch.Tensor): ``[b, S / P, h_k, d]``, this rank's values.
+        dropout_p (float): must be 0.
+        softmax_scale (float | None): default ``d ** -0.5``.
+        causal (bool): causal over the global sequence.
+        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
+        alibi_slopes (None): must be None.
+        deterministic (bool): accepted, no effect.
+        return_attn_probs (bool): also return the LSE (and None for the probabilities).
+        group (ProcessGroup | None): the ring; None is the default group.
+        backend (AttentionBackend): local attention + merge.
+    """
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_func", True, dict(q=q, k=k, v=v),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -161,7 +203,21 @@ def zigzag_ring_flash_attn_kvpacked_func(
     q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """:func:`zigzag_ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]``."""
+    """:func:`zigzag_ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]``.
+
+    Args:
+        q (torch.Tensor): ``[b, S / P, h, d]``, this rank's queries.
+        kv (torch.Tensor): ``[b, S / P, 2, h_k, d]``, this rank's keys and values.
+        dropout_p (float): must be 0.
+        softmax_scale (float | None): default ``d ** -0.5``.
+        causal (bool): causal over the global sequence.
+        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
+        alibi_slopes (None): must be None.
+        deterministic (bool): accepted, no effect.
+        return_attn_probs (bool): also return the LSE (and None for the probabilities).
+        group (ProcessGroup | None): the ring; None is the default group.
+        backend (AttentionBackend): local attention + merge.
+    """
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_kvpacked_func", True, dict(q=q, kv=kv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -173,7 +229,20 @@ def zigzag_ring_flash_attn_qkvpacked_func(
     qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
     deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
 ):
-    """:func:`zigzag_ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]``."""
+    """:func:`zigzag_ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]``.
+
+    Args:
+        qkv (torch.Tensor): ``[b, S / P, 3, h, d]``, this rank's queries, keys and values.
+        dropout_p (float): must be 0.
+        softmax_scale (float | None): default ``d ** -0.5``.
+        causal (bool): causal over the global sequence.
+        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
+        alibi_slopes (None): must be None.
+        deterministic (bool): accepted, no effect.
+        return_attn_probs (bool): also return the LSE (and None for the probabilities).
+        group (ProcessGroup | None): the ring; None is the default group.
+        backend (AttentionBackend): local attention + merge.
+    """
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_qkvpacked_func", True, dict(qkv=qkv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,

@@ -95,7 +95,7 @@ class UlyssesAttention(SequenceParallelAttention):
         *,
         sp_attention_mode: str = "ulysses",
         groups: Optional[SequenceParallelGroups] = None,
-        **extra_impl_args,
+        **extra_impl_args: object,
     ):
         super().__init__()
         groups = SequenceParallelGroups.from_world() if groups is None else groups

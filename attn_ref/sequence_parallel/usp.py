@@ -96,7 +96,7 @@ class USPAttention(SequenceParallelAttention):
         *,
         groups: Optional[SequenceParallelGroups] = None,
         zigzag: bool = False,
-        **extra_impl_args,
+        **extra_impl_args: object,
     ):
         super().__init__()
         self._set_heads(num_heads, head_size, num_kv_heads, softmax_scale, causal, supported_attention_backends,

@@ -60,8 +60,11 @@ def attention_backward(
 
     Args:
         dout: ``[b, s_q, h, d_v]`` gradient of the output.
-        q: ``[b, s_q, h, d]``; k: ``[b, s_k, h_k, d]``; v: ``[b, s_k, h_k, d_v]`` (``h % h_k == 0``).
-        out: ``[b, s_q, h, d_v]`` the forward's output; lse: ``[b, s_q, h]`` its natural-log LSE.
+        q: ``[b, s_q, h, d]``.
+        k: ``[b, s_k, h_k, d]`` (``h % h_k == 0``).
+        v: ``[b, s_k, h_k, d_v]``.
+        out: ``[b, s_q, h, d_v]`` the forward's output.
+        lse: ``[b, s_q, h]`` the forward's natural-log LSE.
         softmax_scale: the forward's factor of ``q·k``.
         causal: bottom-right aligned causal mask (row ``i`` sees keys ``j <= i + s_k - s_q``).
         dlse: ``[b, s_q, h]`` gradient of the LSE, or None (no gradient flows into it).

@@ -24,7 +24,7 @@ def cache_slots(
     """Index pair addressing logical ``positions`` (int64, ``(n,)``) of cache row ``row``.
 
     Returns ``(major, minor)``, both ``(n,)`` int64: ``(row, p)`` for a contiguous cache, or
-    ``(page_table[row, p // P], p % P)`` for a paged one.
+    ``(page_table[row, p // page_size], p % page_size)`` for a paged one.
     """
     if page_table is None:
         return torch.full_like(positions, row), positions

@@ -276,7 +276,14 @@ def test_api_tables_have_one_row_per_parameter_with_its_default(site, page, qual
 
 
 
-@pytest.mark.parametrize("page", ["attn_ref", "kernels", "sequence_parallel", "errors"])
+API_PAGES = ["attn_ref", "kernels", "sequence_parallel", "errors", "conformance", "transformers"]
+
+
+def test_every_api_page_is_listed():
+    assert sorted(API_PAGES) == sorted(p.stem for p in (ROOT / "docs" / "reference").glob("*.md"))
+
+
+@pytest.mark.parametrize("page", API_PAGES)
 def test_api_reference_examples_run(page):
     """The examples of docs/reference/<page>.md, run top to bottom as one script (their asserts hold)."""
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8"), re.S)
@@ -318,6 +325,23 @@ PACKAGES = ("attn_ref", "kernels", "errors")
 #: Entries the reference renders as attributes: the reference's function bound to the kernels' backend
 #: (:func:`attn_ref.sequence_parallel.ring_flash_attn.with_backend`), typed on the reference's page.
 BOUND_ENTRIES = {"kernels.sequence_parallel.ring_attention"}
+
+
+def test_api_reference_has_an_example_for_every_entry(site):
+    """Every function, class and constant the API reference documents (not modules, not methods) is
+    used by a Python example of its page, which test_api_reference_examples_run executes."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    without, entries = [], 0
+    for page, qualname, _ in api_sections(site):
+        parent, name = qualname.rsplit(".", 1)
+        if inspect.ismodule(resolve(qualname)) or not inspect.ismodule(resolve(parent)):
+            continue
+        entries += 1
+        markdown = (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8")
+        if not any(re.search(rf"\b{name}\b", block) for block in re.findall(r"```python\n(.*?)```", markdown, re.S)):
+            without.append(f"{page}: {qualname}")
+    assert entries > 60
+    assert not without, "API entries without an example:\n" + "\n".join(without)
 
 
 def test_api_reference_gives_every_parameter_a_type(site):

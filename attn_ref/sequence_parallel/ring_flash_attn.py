@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -83,14 +83,16 @@ def _ring_flash_attn(call: str, zigzag: bool, packed: dict[str, torch.Tensor], *
     return out, lse.transpose(1, 2).contiguous(), None  # [b, S / P, h] -> ring-flash-attention's [b, h, S / P]
 
 
-# The entry points: upstream's signatures (names, order, defaults, no annotations, as upstream writes
-# them), each the body above for its layout, its arguments passed by name.
+# The entry points: upstream's signatures (names, order, defaults; annotated here, which upstream's are
+# not), each the body above for its layout, its arguments passed by name.
 
 
 @catalogued
 def ring_flash_attn_func(
-    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
     """Ring attention of this rank's block ``q [b, S / P, h, d]`` over every rank's ``k, v [b, S / P, h_k, d]``.
 
@@ -122,24 +124,12 @@ def ring_flash_attn_func(
 
 @catalogued
 def ring_flash_attn_kvpacked_func(
-    q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]`` (k and v stacked on dim 2).
-
-    Args:
-        q (torch.Tensor): ``[b, S / P, h, d]``, this rank's queries.
-        kv (torch.Tensor): ``[b, S / P, 2, h_k, d]``, this rank's keys and values.
-        dropout_p (float): must be 0.
-        softmax_scale (float | None): default ``d ** -0.5``.
-        causal (bool): causal over the global sequence.
-        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
-        alibi_slopes (None): must be None.
-        deterministic (bool): accepted, no effect.
-        return_attn_probs (bool): also return the LSE (and None for the probabilities).
-        group (ProcessGroup | None): the ring; None is the default group.
-        backend (AttentionBackend): local attention + merge.
-    """
+    """:func:`ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]`` (k and v stacked on dim 2)."""
     return _ring_flash_attn(
         "ring_flash_attn_kvpacked_func", False, dict(q=q, kv=kv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -148,23 +138,12 @@ def ring_flash_attn_kvpacked_func(
 
 @catalogued
 def ring_flash_attn_qkvpacked_func(
-    qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]`` (q, k, v stacked on dim 2).
-
-    Args:
-        qkv (torch.Tensor): ``[b, S / P, 3, h, d]``, this rank's queries, keys and values.
-        dropout_p (float): must be 0.
-        softmax_scale (float | None): default ``d ** -0.5``.
-        causal (bool): causal over the global sequence.
-        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
-        alibi_slopes (None): must be None.
-        deterministic (bool): accepted, no effect.
-        return_attn_probs (bool): also return the LSE (and None for the probabilities).
-        group (ProcessGroup | None): the ring; None is the default group.
-        backend (AttentionBackend): local attention + merge.
-    """
+    """:func:`ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]`` (q, k, v stacked on dim 2)."""
     return _ring_flash_attn(
         "ring_flash_attn_qkvpacked_func", False, dict(qkv=qkv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -173,25 +152,12 @@ def ring_flash_attn_qkvpacked_func(
 
 @catalogued
 def zigzag_ring_flash_attn_func(
-    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` on the zigzag layout (rank ``r``: chunks ``r`` and ``2P-1-r`` of ``2P``).
-
-    Args:
-        q (torch.Tensor): ``[b, S / P, h, d]``, this rank's queries.
-        k (torch.Tensor): ``[b, S / P, h_k, d]``, this rank's keys.
-        v (torch.Tensor): ``[b, S / P, h_k, d]``, this rank's values.
-        dropout_p (float): must be 0.
-        softmax_scale (float | None): default ``d ** -0.5``.
-        causal (bool): causal over the global sequence.
-        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
-        alibi_slopes (None): must be None.
-        deterministic (bool): accepted, no effect.
-        return_attn_probs (bool): also return the LSE (and None for the probabilities).
-        group (ProcessGroup | None): the ring; None is the default group.
-        backend (AttentionBackend): local attention + merge.
-    """
+    """:func:`ring_flash_attn_func` on the zigzag layout (rank ``r``: chunks ``r`` and ``2P-1-r`` of ``2P``)."""
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_func", True, dict(q=q, k=k, v=v),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -200,24 +166,12 @@ def zigzag_ring_flash_attn_func(
 
 @catalogued
 def zigzag_ring_flash_attn_kvpacked_func(
-    q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`zigzag_ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]``.
-
-    Args:
-        q (torch.Tensor): ``[b, S / P, h, d]``, this rank's queries.
-        kv (torch.Tensor): ``[b, S / P, 2, h_k, d]``, this rank's keys and values.
-        dropout_p (float): must be 0.
-        softmax_scale (float | None): default ``d ** -0.5``.
-        causal (bool): causal over the global sequence.
-        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
-        alibi_slopes (None): must be None.
-        deterministic (bool): accepted, no effect.
-        return_attn_probs (bool): also return the LSE (and None for the probabilities).
-        group (ProcessGroup | None): the ring; None is the default group.
-        backend (AttentionBackend): local attention + merge.
-    """
+    """:func:`zigzag_ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]``."""
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_kvpacked_func", True, dict(q=q, kv=kv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -226,23 +180,12 @@ def zigzag_ring_flash_attn_kvpacked_func(
 
 @catalogued
 def zigzag_ring_flash_attn_qkvpacked_func(
-    qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`zigzag_ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]``.
-
-    Args:
-        qkv (torch.Tensor): ``[b, S / P, 3, h, d]``, this rank's queries, keys and values.
-        dropout_p (float): must be 0.
-        softmax_scale (float | None): default ``d ** -0.5``.
-        causal (bool): causal over the global sequence.
-        window_size (tuple[int, int]): as in :func:`ring_flash_attn_func`.
-        alibi_slopes (None): must be None.
-        deterministic (bool): accepted, no effect.
-        return_attn_probs (bool): also return the LSE (and None for the probabilities).
-        group (ProcessGroup | None): the ring; None is the default group.
-        backend (AttentionBackend): local attention + merge.
-    """
+    """:func:`zigzag_ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]``."""
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_qkvpacked_func", True, dict(qkv=qkv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,

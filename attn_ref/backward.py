@@ -1,7 +1,7 @@
 """Backward of attention from the saved output and log-sum-exp: the gradients of q, k and v.
 
-The forward (:mod:`attn_ref.attention`) gives, per query row ``i`` and head ``h`` (served by key/value
-head ``h // (H / H_k)``, GQA), ``ℓ_ij = scale · q_i·k_j`` (``-inf`` where key ``j`` is masked),
+The forward (:mod:`attn_ref.attention`) gives, per query row ``i`` and query head ``head`` (served by
+key/value head ``kv_head = head // g``, ``g = h / h_k``, GQA), ``ℓ_ij = scale · q_i·k_j`` (``-inf`` where key ``j`` is masked),
 ``lse_i = log Σ_j e^{ℓ_ij}`` and ``out_i = Σ_j P_ij v_j`` with ``P_ij = e^{ℓ_ij - lse_i}``. Given the
 gradient ``dO`` of the output (and optionally ``dlse`` of the LSE), the chain rule through the
 softmax gives (FlashAttention-2, Algorithm 2)::
@@ -23,7 +23,7 @@ backward is exact, not an approximation. The one row-level quantity is ``D_i``, 
 final ``out_i`` and ``dO_i``.
 
 **Masks and softcap**, with the forward's names and meaning (:mod:`attn_ref.masks`, bottom-right
-aligned): ``causal`` (row ``i`` sees keys ``j <= i + Sk - Sq``), ``window_size = (left, right)`` and
+aligned): ``causal`` (row ``i`` sees keys ``j <= i + s_k - s_q``), ``window_size = (left, right)`` and
 ``attention_chunk``; a masked key has ``P = 0``, so it gets no gradient. A row that sees no key
 (``lse = -inf``) has ``P = 0`` and gets zero gradients. With ``softcap > 0`` the logit is
 ``ℓ_ij = softcap · tanh(scale · s_ij / softcap)`` (``s_ij = q_i·k_j``), whose derivative is
@@ -37,7 +37,7 @@ entries. The pieces have the names of their Triton twins in :mod:`kernels.backwa
 for :func:`attention_backward`), in FlashAttention-2's arrangement: :func:`_preprocess` (``D``),
 :func:`_dkdv` (``dK``, ``dV``) and :func:`_dq` (``dQ``), each recomputing ``P`` with
 :func:`_probabilities` and ``dS`` with :func:`_dscores`. Inside, query and output tensors are viewed
-by KV head, ``[B, Sq, Hkv, G, ·]`` with ``G = H / Hkv``, so a KV head's query heads sit on one axis.
+by KV head, ``[b, s_q, h_k, g, ·]`` with ``g = h / h_k``, so a KV head's query heads sit on one axis.
 """
 
 from __future__ import annotations
@@ -59,24 +59,27 @@ def attention_backward(
     """Gradients of q, k, v for attention of ``q`` over all of ``k``/``v`` (see the module docstring).
 
     Args:
-        dout: ``[B, Sq, H, Dv]`` gradient of the output.
-        q: ``[B, Sq, H, D]``; k: ``[B, Sk, Hkv, D]``; v: ``[B, Sk, Hkv, Dv]`` (``H % Hkv == 0``).
-        out: ``[B, Sq, H, Dv]`` the forward's output; lse: ``[B, Sq, H]`` its natural-log LSE.
+        dout: ``[b, s_q, h, d_v]`` gradient of the output.
+        q: ``[b, s_q, h, d]``.
+        k: ``[b, s_k, h_k, d]`` (``h % h_k == 0``).
+        v: ``[b, s_k, h_k, d_v]``.
+        out: ``[b, s_q, h, d_v]`` the forward's output.
+        lse: ``[b, s_q, h]`` the forward's natural-log LSE.
         softmax_scale: the forward's factor of ``q·k``.
-        causal: bottom-right aligned causal mask (row ``i`` sees keys ``j <= i + Sk - Sq``).
-        dlse: ``[B, Sq, H]`` gradient of the LSE, or None (no gradient flows into it).
+        causal: bottom-right aligned causal mask (row ``i`` sees keys ``j <= i + s_k - s_q``).
+        dlse: ``[b, s_q, h]`` gradient of the LSE, or None (no gradient flows into it).
         grad_dtype: dtype of the returned gradients; default each input's own dtype.
         window_size: the forward's ``(left, right)`` sliding window; a side of -1 is unbounded.
         attention_chunk: the forward's chunk size (0 or None: off).
         softcap: the forward's logit softcap (0 or None: off).
 
     Returns:
-        ``(dq [B, Sq, H, D], dk [B, Sk, Hkv, D], dv [B, Sk, Hkv, Dv])``.
+        ``(dq [b, s_q, h, d], dk [b, s_k, h_k, d], dv [b, s_k, h_k, d_v])``.
     """
     work = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[2] // k.shape[2]
 
-    def by_kv_head(x):  # [B, Sq, H, ...] -> [B, Sq, Hkv, G, ...] in the working dtype
+    def by_kv_head(x):  # [b, s_q, h, ...] -> [b, s_q, h_k, g, ...] in the working dtype
         return x.to(work).unflatten(2, (-1, group))
 
     q_w, dout_w, lse_w = by_kv_head(q), by_kv_head(dout), by_kv_head(lse)
@@ -89,9 +92,9 @@ def attention_backward(
 
 
 def _preprocess(out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tensor]) -> torch.Tensor:
-    """``D_i = dO_i · out_i - dlse_i`` (no ``dlse`` term when ``dlse`` is None), ``[B, Sq, Hkv, G]``.
+    """``D_i = dO_i · out_i - dlse_i`` (no ``dlse`` term when ``dlse`` is None), ``[b, s_q, h_k, g]``.
 
-    ``out``, ``dout``: ``[B, Sq, Hkv, G, Dv]``; ``dlse``: ``[B, Sq, Hkv, G]``. ``D_i = Σ_j P_ij dP_ij``
+    ``out``, ``dout``: ``[b, s_q, h_k, g, d_v]``; ``dlse``: ``[b, s_q, h_k, g]``. ``D_i = Σ_j P_ij dP_ij``
     is the one row-level quantity of the backward: the ``dS`` of every key block subtracts it.
     """
     delta = (dout * out).sum(-1)
@@ -102,17 +105,17 @@ def _preprocess(out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tens
 
 def _dkdv(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float,
           masks: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """``dK [B, Sk, Hkv, D]`` and ``dV [B, Sk, Hkv, Dv]`` of every key, over all query rows.
+    """``dK [b, s_k, h_k, d]`` and ``dV [b, s_k, h_k, d_v]`` of every key, over all query rows.
 
     ``dV_j = Σ_i P_ij dO_i`` and ``dK_j = scale · Σ_i dS_ij q_i``, the sums running over the rows and
-    over the ``G`` query heads of each KV head (GQA). ``q [B, Sq, Hkv, G, D]``, ``k [B, Sk, Hkv, D]``,
-    ``v [B, Sk, Hkv, Dv]``, ``dout [B, Sq, Hkv, G, Dv]``, ``lse``, ``delta`` ``[B, Sq, Hkv, G]``;
+    over the ``g`` query heads of each KV head (GQA). ``q [b, s_q, h_k, g, d]``, ``k [b, s_k, h_k, d]``,
+    ``v [b, s_k, h_k, d_v]``, ``dout [b, s_q, h_k, g, d_v]``, ``lse``, ``delta`` ``[b, s_q, h_k, g]``;
     ``masks``: ``dict(causal=, window_size=, attention_chunk=)`` for :func:`~attn_ref.masks.visible_keys`. The
     rows are taken in chunks (:func:`_row_chunks`), as the kernel takes them in blocks of ``BLOCK_M``.
     """
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     for r0, r1 in _row_chunks(q, k):
-        q_r, do_r = q[:, r0:r1], dout[:, r0:r1]  # [B, rows, Hkv, G, D], [B, rows, Hkv, G, Dv]
+        q_r, do_r = q[:, r0:r1], dout[:, r0:r1]  # [b, rows, h_k, g, d], [b, rows, h_k, g, d_v]
         lse_r, delta_r = _row_stats(lse, delta, r0, r1)
         p, softcap_grad = _probabilities(q_r, k, lse_r, r0, q.shape[1], softmax_scale, softcap, masks)
         dv += torch.einsum("bkgrn,brkgd->bnkd", p, do_r)  # dV = Pᵀ dO, summed over G
@@ -122,7 +125,7 @@ def _dkdv(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float,
 
 
 def _dq(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float, masks: dict) -> torch.Tensor:
-    """``dQ_i = scale · Σ_j dS_ij k_j`` over all keys, ``[B, Sq, Hkv, G, D]`` (arguments as :func:`_dkdv`).
+    """``dQ_i = scale · Σ_j dS_ij k_j`` over all keys, ``[b, s_q, h_k, g, d]`` (arguments as :func:`_dkdv`).
 
     Each chunk of rows is finished on its own: its ``P`` and ``dS`` over every key give its ``dQ``,
     as a kernel program finishes its ``BLOCK_M`` rows by looping over the key blocks.
@@ -137,7 +140,7 @@ def _dq(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float, masks: 
 
 
 def _row_chunks(q: torch.Tensor, k: torch.Tensor) -> Iterator[tuple[int, int]]:
-    """``(r0, r1)`` ranges of query rows whose scores ``[B, H, rows, Sk]`` stay within ``MAX_SCORE_ELEMENTS``."""
+    """``(r0, r1)`` ranges of query rows whose scores ``[b, h, rows, s_k]`` stay within ``MAX_SCORE_ELEMENTS``."""
     b, sq, h_k, g = q.shape[:4]
     rows = max(1, MAX_SCORE_ELEMENTS // max(1, b * h_k * g * k.shape[1]))
     return ((r0, min(sq, r0 + rows)) for r0 in range(0, sq, rows))
@@ -145,18 +148,18 @@ def _row_chunks(q: torch.Tensor, k: torch.Tensor) -> Iterator[tuple[int, int]]:
 
 def _row_stats(lse: torch.Tensor, delta: torch.Tensor, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
     """LSE (infinite read as 0: a row with no visible key has ``P = 0`` anyway) and ``D`` of rows
-    ``r0:r1``, each ``[B, Hkv, G, rows, 1]`` (from ``[B, Sq, Hkv, G]``), to broadcast over the keys."""
+    ``r0:r1``, each ``[b, h_k, g, rows, 1]`` (from ``[b, s_q, h_k, g]``), to broadcast over the keys."""
     lse_r, delta_r = (x[:, r0:r1].permute(0, 2, 3, 1)[..., None] for x in (lse, delta))
     return torch.where(torch.isinf(lse_r), torch.zeros_like(lse_r), lse_r), delta_r
 
 
 def _probabilities(q, k, lse, row_start: int, seqlen_q: int, softmax_scale: float, softcap: float,
                    masks: dict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``P_ij = exp(ℓ_ij - lse_i)`` ``[B, Hkv, G, rows, Sk]`` of rows ``row_start ..``, 0 where masked, and
+    """``P_ij = exp(ℓ_ij - lse_i)`` ``[b, h_k, g, rows, s_k]`` of rows ``row_start ..``, 0 where masked, and
     the softcap's factor ``1 - tanh² = 1 - (ℓ_ij / softcap)²`` of ``dS`` (same shape; None without softcap).
 
-    ``q [B, rows, Hkv, G, D]`` (rows ``row_start .. row_start + rows - 1`` of ``seqlen_q``),
-    ``k [B, Sk, Hkv, D]``, ``lse [B, Hkv, G, rows, 1]`` from :func:`_row_stats`; the logits ``ℓ`` are the
+    ``q [b, rows, h_k, g, d]`` (rows ``row_start .. row_start + rows - 1`` of ``seqlen_q``),
+    ``k [b, s_k, h_k, d]``, ``lse [b, h_k, g, rows, 1]`` from :func:`_row_stats`; the logits ``ℓ`` are the
     forward's (:func:`attn_ref.attention._logits`), the mask is :func:`~attn_ref.masks.visible_keys` of
     ``masks``, the keywords ``causal``, ``window_size`` and ``attention_chunk``.
     """
@@ -169,11 +172,11 @@ def _probabilities(q, k, lse, row_start: int, seqlen_q: int, softmax_scale: floa
 
 def _dscores(p: torch.Tensor, dout: torch.Tensor, v: torch.Tensor, delta: torch.Tensor,
              softcap_grad: Optional[torch.Tensor]) -> torch.Tensor:
-    """``dS_ij = P_ij (dP_ij - D_i)`` with ``dP_ij = dO_i · v_j``, ``[B, Hkv, G, rows, Sk]``, written over ``p``;
+    """``dS_ij = P_ij (dP_ij - D_i)`` with ``dP_ij = dO_i · v_j``, ``[b, h_k, g, rows, s_k]``, written over ``p``;
     times ``softcap_grad`` (``1 - tanh²``) with softcap.
 
-    ``p [B, Hkv, G, rows, Sk]``, ``dout [B, rows, Hkv, G, Dv]``, ``v [B, Sk, Hkv, Dv]``,
-    ``delta [B, Hkv, G, rows, 1]``, ``softcap_grad`` as ``p`` or None.
+    ``p [b, h_k, g, rows, s_k]``, ``dout [b, rows, h_k, g, d_v]``, ``v [b, s_k, h_k, d_v]``,
+    ``delta [b, h_k, g, rows, 1]``, ``softcap_grad`` as ``p`` or None.
     """
     dp = torch.einsum("brkgd,bnkd->bkgrn", dout, v)
     ds = p.mul_(dp.sub_(delta))

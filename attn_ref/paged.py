@@ -3,9 +3,9 @@
 A cache holds, for each sequence ("cache row" ``r``), tokens at logical positions ``p = 0, 1, ...``.
 
 * Contiguous cache ``(b_cache, s_cache, h_k, dim)``: position ``p`` of row ``r`` is ``cache[r, p]``.
-* Paged cache ``(num_pages, P, h_k, dim)`` with ``page_table (b_k, max_pages)`` int32: position ``p``
-  of row ``r`` is ``cache[page_table[r, p // P], p % P]``. Pages can be anywhere and in any order;
-  a sequence's capacity is ``max_pages * P``.
+* Paged cache ``(num_pages, page_size, h_k, dim)`` with ``page_table (b, max_pages)`` int32: position
+  ``p`` of row ``r`` is ``cache[page_table[r, p // page_size], p % page_size]``. Pages can be anywhere
+  and in any order; a sequence's capacity is ``max_pages * page_size``.
 
 Every function here reduces both layouts to one pair of index tensors ``(slot_major, slot_minor)``
 so that ``cache[slot_major, slot_minor]`` reads and ``cache[slot_major, slot_minor] = x`` writes.
@@ -24,7 +24,7 @@ def cache_slots(
     """Index pair addressing logical ``positions`` (int64, ``(n,)``) of cache row ``row``.
 
     Returns ``(major, minor)``, both ``(n,)`` int64: ``(row, p)`` for a contiguous cache, or
-    ``(page_table[row, p // P], p % P)`` for a paged one.
+    ``(page_table[row, p // page_size], p % page_size)`` for a paged one.
     """
     if page_table is None:
         return torch.full_like(positions, row), positions
@@ -81,7 +81,8 @@ def scatter_cache(
 
 
 def paged_to_dense(cache: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
-    """The contiguous view of a paged cache: ``(num_pages, P, h_k, dim)`` -> ``(b_k, max_pages * P, h_k, dim)``.
+    """The contiguous view of a paged cache: ``(num_pages, page_size, h_k, dim)`` -> ``(b, max_pages * page_size,
+    h_k, dim)``.
 
     Row ``r`` of the result is the concatenation of pages ``page_table[r, 0], page_table[r, 1], ...``.
     Every entry of ``page_table`` must be a valid page id. Useful to inspect a paged cache or to

@@ -70,7 +70,7 @@ import numbers
 import operator
 import struct
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -95,13 +95,16 @@ from .paged import flat_slot_index
 
 
 def check_kvcache_args(
-    q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
-    cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
-    cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
-    q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
-    window_size=(-1, -1), attention_chunk=None, softcap=0.0, rotary_interleaved=True,
-    num_splits=0, only_qv=False, sinks=None, out=None, ver=3, return_softmax_lse=False,
-    value_checks=True,
+    q: Optional[torch.Tensor], k_cache: Optional[torch.Tensor], v_cache: torch.Tensor, k: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
+    qv: Optional[torch.Tensor] = None, rotary_cos: Optional[torch.Tensor] = None, rotary_sin: Optional[torch.Tensor] = None,
+    cache_seqlens: Optional[Union[int, torch.Tensor]] = None, cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None, cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None, max_seqlen_q: Optional[int] = None, rotary_seqlens: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: Optional[int] = None, softcap: float = 0.0, rotary_interleaved: bool = True,
+    num_splits: int = 0, only_qv: bool = False, sinks: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None, ver: int = 3,
+    return_softmax_lse: bool = False, value_checks: bool = True,
 ) -> KVCacheCall:
     """Validate a ``flash_attn_with_kvcache`` call and resolve its arguments.
 
@@ -307,9 +310,9 @@ def _check_queries(q: torch.Tensor, cu_seqlens_q, max_seqlen_q, value_checks: bo
 
 
 def _check_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table) -> tuple[int, int, int]:
-    """The caches are ``(batch_cache, seqlen_cache, h_k, d|dv)``, or paged ``(num_pages, P, h_k, d|dv)``
-    with an int32 ``(batch_k, max_pages_per_seq)`` page table and ``P >= 1``; ``h_k`` divides ``h``.
-    Returns ``(P or 0, capacity, batch_k)``."""
+    """The caches are ``(batch_cache, seqlen_cache, h_k, d|dv)``, or paged ``(num_pages, page_size, h_k,
+    d|dv)`` with an int32 ``(batch_k, max_pages_per_seq)`` page table and ``page_size >= 1``; ``h_k``
+    divides ``h``. Returns ``(page_size or 0, capacity, batch_k)``."""
     num_heads, head_dim, num_heads_k = q.shape[-2], q.shape[-1], v_cache.shape[2]
     _require_shape("k_cache", k_cache, (*v_cache.shape[:3], head_dim), "(matching v_cache, with q's head dim)")
     if num_heads_k == 0 or num_heads % num_heads_k != 0:
@@ -650,7 +653,7 @@ def _check_write_conflicts(call: KVCacheCall) -> None:
 
 
 def _check_rotary_rows(call: KVCacheCall) -> None:
-    """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + Sq - 1``
+    """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + s_q - 1``
     unless the queries' position is fixed) for the queries."""
     rotary_cos, batch = call.rotary_cos, call.batch_host
     rotary_starts = batch.rotary_starts

@@ -5,11 +5,14 @@ Nothing is written into ``docs/``: every page and JSON document is a ``File.gene
 
 * ``errors/index.md`` -> ``/errors/``: the entries by area, each a link with its type and message
   (a list, not a table, so that it reads on a phone);
-* ``errors/<id>.md`` -> ``/errors/<id>/``: the entry's sections (the URL that
-  :func:`errors.catalog.docs_url` prints in exception notes), among them the real output of its
-  trigger example (:mod:`docs_hooks.error_outputs`, run at build time) and its external aliases.
-  Entry pages are in the nav, one section per area (:data:`AREAS` names them), so they have the
-  sidebar and previous/next links;
+* ``errors/<slug>.md`` -> ``/errors/<slug>/`` (``/errors/kv-cache/capacity-exceeded/``): the entry's
+  sections (the URL that :func:`errors.catalog.docs_url` prints in exception notes), among them the
+  real output of its trigger example (:mod:`docs_hooks.error_outputs`, run at build time) and its
+  external aliases. Entry pages are in the nav, one section per area (:data:`AREAS` names them), so
+  they have the sidebar and previous/next links;
+* ``errors/<id>/index.html`` and ``errors/<alias>/index.html``: static redirects to the entry's page
+  (:func:`redirect_page`: meta refresh, canonical link and a plain link; no server rule, works
+  offline), so that the id URLs printed before the pages moved to slugs, and old slugs, still land;
 * ``api/errors/<id>.json``: the entry, serialised as the catalog serialises it
   (:func:`entry_json`), so its bytes are those of the entry in ``errors/catalog.json``;
 * ``errors/upstream.md`` -> ``/errors/upstream/``: upstream's messages (``errors/upstream/*.json``) by
@@ -113,6 +116,25 @@ def _cell(text: str) -> str:
     return "<code>" + html.escape(text).replace("|", "&#124;").replace("\n", " ") + "</code>"
 
 
+def page(entry: dict) -> str:
+    """The entry page's markdown file, relative to ``errors/``: ``<slug>.md``."""
+    return f"{entry['slug']}.md"
+
+
+def redirect_page(entry: dict, depth: int) -> str:
+    """A static page that sends ``errors/<name>/`` (``depth`` path segments in ``name``: 1 for an id, 2
+    for an old slug) to the entry's page; the fragment is kept where JavaScript runs."""
+    target = "../" * depth + entry["slug"] + "/"
+    summary = html.escape(entry["summary"])
+    return "\n".join([
+        "<!doctype html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        f"<title>{summary}</title>", f'<link rel="canonical" href="{html.escape(entry["docs_url"])}">',
+        '<meta name="robots" content="noindex">', f'<meta http-equiv="refresh" content="0; url={target}">',
+        f"<script>location.replace({json.dumps(target)} + location.hash)</script>", "</head>", "<body>",
+        f'<p>This error\'s page is <a href="{target}">{summary}</a> (<code>{entry["slug"]}</code>, '
+        f'id <code>{entry["id"]}</code>).</p>', "</body>", "</html>", ""])
+
+
 def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
     """The markdown of an entry's page; ``output``: what its trigger printed (the real exception)."""
     message, when, examples, source = entry["message"], entry["when_it_happens"], entry["examples"], entry["source"]
@@ -121,7 +143,7 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
         f"search: {{boost: {SEARCH_BOOST}}}", "---", "",
         f"# {entry['summary']}", "",
         f"`{entry['exception']['type']}` · {area_title(entry['area'])} · slug `{entry['slug']}` · "
-        f"id `{entry['id']}` · [JSON](../api/errors/{entry['id']}.json)", "",
+        f"id `{entry['id']}` · [JSON](../../api/errors/{entry['id']}.json)", "",
     ]
     if entry["status"] == "removed":
         lines += ['!!! note "No longer raised"', "", _indent(entry["removed_note"]), ""]
@@ -177,7 +199,7 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
         lines += ["## Related errors", ""]
         for link in entry["related"]:
             other = by_id[link["id"]]
-            lines.append(f"* [{other['summary']}]({other['id']}.md) ({link['relation'].replace('_', ' ')})")
+            lines.append(f"* [{other['summary']}](../{page(other)}) ({link['relation'].replace('_', ' ')})")
         lines.append("")
     return "\n".join(lines)
 
@@ -226,7 +248,7 @@ def upstream_page(catalog: dict) -> str:
         for message in data["messages"]:
             entry = by_id[message["entry"]]
             lines.append(f"* {_cell(message['exception'] + ': ' + message['template'])}<br>"
-                         f"`{message['function']}` · [{html.escape(entry['summary'])}]({entry['id']}.md)")
+                         f"`{message['function']}` · [{html.escape(entry['summary'])}]({page(entry)})")
         lines += ["", "</div>", ""]
     return "\n".join(lines)
 
@@ -239,7 +261,7 @@ def _alias(alias: dict) -> str:
 
 def _listing(entries: list[dict]) -> list[str]:
     """One list item per entry: its summary as the link, then its type and message template."""
-    items = [f"* [{html.escape(e['summary'])}]({e['id']}.md) · {e['exception']['type']}<br>"
+    items = [f"* [{html.escape(e['summary'])}]({page(e)}) · {e['exception']['type']}<br>"
              f"{_cell(e['message']['template'])}" for e in sorted(entries, key=lambda e: e["summary"].lower())]
     return ['<div class="error-index" markdown>', "", *items, "", "</div>", ""]
 
@@ -287,7 +309,7 @@ def on_config(config):
     if catalog_module.CATALOG_PATH.exists():
         catalog = _load(catalog_module)
         at = next((n + 1 for n, item in enumerate(nav) if AFTER in item), len(nav) - 1)
-        pages = [{title: [f"errors/{e['id']}.md" for e in sorted(entries, key=lambda e: e["summary"].lower())]}
+        pages = [{title: [f"errors/{page(e)}" for e in sorted(entries, key=lambda e: e["summary"].lower())]}
                  for title, entries in sections(catalog)]
         nav.insert(at, {SECTION: ["errors/index.md", "errors/upstream.md", *pages]})
     config["nav"] = nav
@@ -316,7 +338,10 @@ def on_files(files, config):
                  "api/errors/index.json": index_json(catalog),
                  "api/errors/schema.json": catalog_module.SCHEMA_PATH.read_bytes()}
     for entry in catalog["errors"]:
-        generated[f"errors/{entry['id']}.md"] = entry_page(entry, by_id, printed.get(entry["id"]))
+        generated[f"errors/{page(entry)}"] = entry_page(entry, by_id, printed.get(entry["id"]))
+        generated[f"errors/{entry['id']}/index.html"] = redirect_page(entry, 1)
+        for alias in entry.get("aliases", []):
+            generated[f"errors/{alias}/index.html"] = redirect_page(entry, 2)
         generated[f"api/errors/{entry['id']}.json"] = entry_json(entry)
     for src_uri, content in generated.items():
         if files.get_file_from_path(src_uri) is not None:

@@ -191,10 +191,15 @@ def _load_cached(path: str, stamp: int, size: int) -> dict:
     return catalog
 
 
+def docs_path(entry: dict) -> str:
+    """The entry page's path under the site's root: ``errors/<slug>/`` (``errors/<id>/`` redirects there)."""
+    return f"errors/{entry['slug']}/"
+
+
 def docs_url(entry: dict, catalog: Optional[dict] = None) -> str:
-    """The entry's page on the published site: ``<docs_base_url>/errors/<id>/`` (the stored field)."""
+    """The entry's page on the published site: ``<docs_base_url>/errors/<slug>/`` (the stored field)."""
     catalog = catalog if catalog is not None else load()
-    return f"{catalog['docs_base_url'].rstrip('/')}/errors/{entry['id']}/"
+    return f"{catalog['docs_base_url'].rstrip('/')}/{docs_path(entry)}"
 
 
 def reader_docs_url(entry: dict, catalog: Optional[dict] = None) -> Optional[str]:
@@ -204,7 +209,7 @@ def reader_docs_url(entry: dict, catalog: Optional[dict] = None) -> Optional[str
     if base is None:
         return docs_url(entry, catalog)
     base = base.strip().rstrip("/")
-    return f"{base}/errors/{entry['id']}/" if base else None
+    return f"{base}/{docs_path(entry)}" if base else None
 
 
 def api_url(entry: dict, catalog: Optional[dict] = None) -> str:

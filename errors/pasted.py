@@ -6,6 +6,7 @@ A paste is one of, in the order tried:
   note's id (the note was attached at the raise, so it is exact even where two sites share a message);
 * a URL whose last path segment is a 16-hex id (``.../errors/<id>/``, ``.../api/errors/<id>.json``,
   or an external page's id): that id;
+* a URL of an entry page (``.../errors/<area>/<name>/``, the ``docs_url`` the notes print): its slug;
 * a traceback or a single exception line (``ValueError: <message>``, ``builtins.ValueError: ...``,
   pytest's ``E   ValueError: ...``): the **last** exception line's type and message. A message may
   continue over the next lines, so every prefix of those lines (up to the notes) is a candidate,
@@ -42,14 +43,16 @@ _NOTE = re.compile(re.escape(NOTE_PREFIX) + r"([0-9a-f]{16})\b")
 _URL_ID = re.compile(r"\Ahttps?://\S*?([0-9a-f]{16})(?:/|\.json|\.html)?(?:[?#]\S*)?\Z")
 _TYPE = r"(?:[A-Za-z_]\w*\.)*(?P<type>[A-Za-z_]\w*(?:Error|Exception|Warning|Exit|Interrupt))"
 _EXCEPTION_LINE = re.compile(r"\A(?P<indent>\s*(?:E\s+)?)" + _TYPE + r"(?::(?: (?P<message>.*)|\s*))?\Z")
+_URL_SLUG = re.compile(r"\Ahttps?://\S*?/errors/([a-z0-9-]+/[a-z0-9-]+)/?(?:index\.html)?(?:[?#]\S*)?\Z")
 _REPR = re.compile(r"\A" + _TYPE + r"\((?P<args>.*)\)\Z", re.DOTALL)
 
 
 @dataclass
 class Pasted:
-    """What a paste says: an id (from a note or URL), an exception type, candidate messages."""
+    """What a paste says: an id (from a note or URL; a slug from a page URL), an exception type,
+    candidate messages."""
 
-    id: Optional[str] = None
+    id: Optional[str] = None  # an id or slug: errors.catalog.get takes both
     exception_type: Optional[str] = None
     messages: list[str] = field(default_factory=list)  # most complete first
 
@@ -60,6 +63,9 @@ def read(text: str) -> Pasted:
     url = _URL_ID.match(text)
     if url:
         return Pasted(id=url.group(1))
+    page = _URL_SLUG.match(text)
+    if page:
+        return Pasted(id=page.group(1))
     as_repr = _REPR.match(text)
     if as_repr:
         message = _literal_str(as_repr.group("args"))

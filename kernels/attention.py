@@ -1,22 +1,22 @@
 """The attention forward kernel: decode (sq = 1) and chunked prefill (sq > 1), split-KV, pack-GQA.
 
-For batch entry ``b``, query row ``i`` and query head ``h`` (KV head ``g = h // G``, ``G = h / h_k``),
+For batch entry ``b``, query row ``i`` and query head ``head`` (KV head ``kv_head = head // g``, ``g = h / h_k``),
 over the valid keys ``j in [0, Sk_b)`` at cache positions ``L_b + j`` (:mod:`attn_ref.attention`)::
 
     s_ij  = q_i · K_j  (+ qv_i · V_j)        or  qv_i · V_j  alone when ONLY_QV
     ℓ_ij  = scale · s_ij,  or  softcap · tanh(scale · s_ij / softcap)       (before masking)
     ℓ_ij  = -inf where key j is not visible to row i (bottom-right causal / window / chunk)
-    lse_i = log(Σ_j e^{ℓ_ij} (+ e^{σ_h}))    out_i = Σ_j e^{ℓ_ij - lse_i} V_j
+    lse_i = log(Σ_j e^{ℓ_ij} (+ e^{σ_head}))    out_i = Σ_j e^{ℓ_ij - lse_i} V_j
 
 ``scale`` includes ``q_descale · k_descale`` for fp8, whose output is multiplied by ``v_descale``.
 With rotary tables q is rotated in fp32 at load (row ``i`` at ``P0 + i``, or every row at ``P0``
 when the call is neither causal nor local) and split into 16-bit parts ``q = hi + mid + lo``
 (:func:`kernels.numerics.split_parts`), so ``q·K`` keeps the fp32 reference's accuracy.
 
-**Tiling.** One program owns one KV head of one batch entry and ``ROWS = BLOCK_M // G`` query rows;
-its M tile packs the ``G`` query heads that share the KV head (pack-GQA), tile entry ``m`` being
-row ``m // G``, head ``g·G + m % G``. K/V blocks of ``BLOCK_N`` keys are therefore read once for all
-``G`` heads. Grid: ``(cdiv(sq, ROWS), b · h_k, num_splits)`` (varlen: ``max_seqlen_q`` for ``sq``, a
+**Tiling.** One program owns one KV head of one batch entry and ``ROWS = BLOCK_M // g`` query rows;
+its M tile packs the ``g`` query heads that share the KV head (pack-GQA), tile entry ``m`` being
+row ``m // g``, head ``kv_head·g + m % g``. K/V blocks of ``BLOCK_N`` keys are therefore read once for all
+``g`` heads. Grid: ``(cdiv(sq, ROWS), b · h_k, num_splits)`` (varlen: ``max_seqlen_q`` for ``sq``, a
 static bound; programs past ``Sq_b`` rows exit at once).
 
 **Pieces**, in call order, each with a reference twin of the same name (side-by-side page
@@ -31,7 +31,7 @@ over :func:`kernels.masks.tile_key_range`; its key loop :func:`_attend_key_block
 ``m``, sum ``l = Σ 2^{t - m}`` and ``acc = Σ 2^{t - m} V``. A block rescales by ``2^{m_old - m_new}``;
 while a row has seen no visible key its max is ``-inf`` and the shift used is 0, so nothing becomes
 NaN. At the end ``out = acc / l`` (0 when ``l = 0``) and ``lse = ln 2 · (m + log2 l)`` (``-inf`` when
-``l = 0``): the natural-log LSE of the reference. A sink ``σ_h`` (split 0 only) adds ``2^{σ_h log2 e - m}``
+``l = 0``): the natural-log LSE of the reference. A sink ``σ_head`` (split 0 only) adds ``2^{σ_head log2 e - m}``
 to ``l`` before that.
 
 **Split-KV.** Program ``s`` of the third grid axis covers keys ``[k0, k1)`` of
@@ -188,7 +188,7 @@ def _split_states_kernel(
     window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
     chunk,  # attention_chunk, 0 = off
     has_sinks,  # 1: add the sink logit of each head (in split 0)
-    num_splits,  # n: split s covers keys [s·ceil(Sk/n), (s+1)·ceil(Sk/n)) ∩ [0, Sk)
+    num_splits,  # n: split s covers keys [s·ceil(s_k/n), (s+1)·ceil(s_k/n)) ∩ [0, s_k)
     H_K: tl.constexpr, G: tl.constexpr,  # KV heads, query heads per KV head
     D: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -199,7 +199,7 @@ def _split_states_kernel(
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_TO: tl.constexpr,
     Q_PARTS: tl.constexpr,  # 16-bit parts of the rotated q (1 without rotary or for fp32 tiles)
 ):
-    """One program: the state of ``ROWS`` query rows x ``G`` heads of one KV head over split ``split``."""
+    """One program: the state of ``ROWS`` query rows x ``g`` heads of one KV head over split ``split``."""
     ROWS: tl.constexpr = BLOCK_M // G  # query rows per tile
     pid_m, pid_bh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     batch, kv_head = pid_bh // H_K, pid_bh % H_K
@@ -356,7 +356,7 @@ def _attend_key_blocks(
     acc, m_i, l_i,  # (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32: running state
     q, q_mid, q_lo, qv,  # the q parts (BLOCK_M, BLOCK_D) and qv (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE
     start, end,  # key range [start, end) to visit, in BLOCK_N steps
-    diag,  # (BLOCK_M,) int32: i + Sk - Sq, the bottom-right diagonal of each row
+    diag,  # (BLOCK_M,) int32: i + s_k - s_q, the bottom-right diagonal of each row
     k1,  # int32: end of this split's keys
     window_left, window_right, chunk,  # masks: window sides (-1 = unbounded), chunk size (0 = off)
     softmax_scale, softcap,  # fp32

@@ -1,7 +1,7 @@
 """The attention backward kernels: the gradients of q, k, v from the saved output and LSE.
 
 Same math, signature and results as :func:`attn_ref.attention_backward` (see :mod:`attn_ref.backward`
-for the derivation). Per query row ``i`` and head ``h`` (KV head ``h // G``)::
+for the derivation). Per query row ``i`` and query head ``head`` (KV head ``head // g``)::
 
     P_ij  = exp(ℓ_ij - lse_i),  ℓ_ij = scale · q_i·k_j, or softcap · tanh(scale · q_i·k_j / softcap)
                                 (-inf where masked)
@@ -11,9 +11,9 @@ for the derivation). Per query row ``i`` and head ``h`` (KV head ``h // G``)::
 
 Three kernels, in FlashAttention-2's arrangement:
 
-1. ``_preprocess_kernel``: ``D`` for ``BLOCK_M`` rows of one (batch, head), fp32 ``[B, H, Sq]``.
+1. ``_preprocess_kernel``: ``D`` for ``BLOCK_M`` rows of one (batch, head), fp32 ``[b, h, s_q]``.
 2. ``_dkdv_kernel``: one program per block of ``BLOCK_N`` keys of one (batch, KV head); it loops over
-   the ``G`` query heads of the group and over the query blocks that can see its keys, recomputing
+   the ``g`` query heads of the group and over the query blocks that can see its keys, recomputing
    ``P`` from the saved LSE, and accumulates ``dK``/``dV`` in fp32 registers (GQA is summed there, so
    no atomics are needed).
 3. ``_dq_kernel``: one program per block of ``BLOCK_M`` query rows of one (batch, head); it loops over
@@ -58,13 +58,19 @@ def attention_backward(
     """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments and shapes).
 
     Args:
-        dout: ``[B, Sq, H, Dv]``; q: ``[B, Sq, H, D]``; k: ``[B, Sk, Hkv, D]``; v: ``[B, Sk, Hkv, Dv]``
-            (fp16/bf16/fp32, one dtype; ``D, Dv <= 256``); out: ``[B, Sq, H, Dv]``; lse: ``[B, Sq, H]``.
-        softmax_scale, causal: the forward's (bottom-right causal).
-        dlse: ``[B, Sq, H]`` gradient of the LSE, or None.
+        dout: ``[b, s_q, h, d_v]`` gradient of the output (fp16/bf16/fp32: the inputs share one dtype).
+        q: ``[b, s_q, h, d]`` (``d, d_v <= 256``).
+        k: ``[b, s_k, h_k, d]``.
+        v: ``[b, s_k, h_k, d_v]``.
+        out: ``[b, s_q, h, d_v]`` the forward's output.
+        lse: ``[b, s_q, h]`` the forward's natural-log LSE.
+        softmax_scale: the forward's.
+        causal: the forward's (bottom-right causal).
+        dlse: ``[b, s_q, h]`` gradient of the LSE, or None.
         grad_dtype: dtype of the returned gradients; default each input's own dtype.
-        window_size, attention_chunk, softcap: the forward's sliding window ``(left, right)`` (-1:
-            unbounded), chunk size and logit softcap (0 or None: off).
+        window_size: the forward's sliding window ``(left, right)`` (-1: unbounded).
+        attention_chunk: the forward's chunk size (0: off).
+        softcap: the forward's logit softcap (0 or None: off).
 
     Returns:
         ``(dq, dk, dv)`` in the shapes of q, k, v.
@@ -72,7 +78,7 @@ def attention_backward(
     q, k, v, dout, out = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, dout, out))
     b, sq, h, _ = q.shape
     device = q.device
-    lse_bhs = lse.float().transpose(1, 2).contiguous()  # [B, H, Sq]: one row of stats per (batch, head)
+    lse_bhs = lse.float().transpose(1, 2).contiguous()  # [b, h, s_q]: one row of stats per (batch, head)
     delta = torch.empty(b, h, sq, dtype=torch.float32, device=device)
     plan_preprocess(out, dout, None if dlse is None else dlse.float(), delta).run()
     dq = torch.empty(q.shape, dtype=torch.float32, device=device)
@@ -85,7 +91,7 @@ def attention_backward(
 
 
 def plan_preprocess(out, dout, dlse, delta) -> Launch:
-    """``delta [B, H, Sq] = rowsum(dout · out) - dlse`` (``dlse`` None: no LSE gradient)."""
+    """``delta [b, h, s_q] = rowsum(dout · out) - dlse`` (``dlse`` None: no LSE gradient)."""
     b, sq, h, dv = out.shape
     block_dv = max(16, next_power_of_2(dv))
     block_m = max(1, min(64, 8192 // block_dv))
@@ -135,12 +141,12 @@ def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks) -> tuple[dict, 
 
 
 def _blocks(head_dim: int) -> tuple[int, int]:
-    """``(BLOCK_M, BLOCK_N)``: smaller tiles for wide heads (the dK/dV program holds four ``[N, D]`` tiles)."""
+    """``(BLOCK_M, BLOCK_N)``: smaller tiles for wide heads (the dK/dV program holds four ``[N, d]`` tiles)."""
     return (64, 64) if head_dim <= 64 else (32, 32) if head_dim <= 128 else (16, 16)
 
 
 def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
-    """``<name>_ptr`` and ``stride_<prefix>b/s/h`` of a ``[B, S, H, ...]`` tensor, as the kernels take them
+    """``<name>_ptr`` and ``stride_<prefix>b/s/h`` of a ``[b, S, h, ...]`` tensor, as the kernels take them
     (strides 0 for None, a tensor the kernel does not read)."""
     strides = x.stride()[:3] if x is not None else (0, 0, 0)
     return {f"{name}_ptr": x, **{f"stride_{prefix}{axis}": stride for axis, stride in zip("bsh", strides)}}
@@ -148,10 +154,10 @@ def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
 
 @triton.jit(do_not_specialize=["seqlen_q"])
 def _preprocess_kernel(
-    out_ptr, stride_ob, stride_os, stride_oh,  # [B, Sq, H, Dv]
-    dout_ptr, stride_db, stride_ds, stride_dh,  # [B, Sq, H, Dv]
-    dlse_ptr, stride_lb, stride_ls, stride_lh,  # [B, Sq, H] fp32 (unused unless HAS_DLSE)
-    delta_ptr,  # [B, H, Sq] fp32 output
+    out_ptr, stride_ob, stride_os, stride_oh,  # [b, s_q, h, d_v]
+    dout_ptr, stride_db, stride_ds, stride_dh,  # [b, s_q, h, d_v]
+    dlse_ptr, stride_lb, stride_ls, stride_lh,  # [b, s_q, h] fp32 (unused unless HAS_DLSE)
+    delta_ptr,  # [b, h, s_q] fp32 output
     seqlen_q, nheads,
     DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
@@ -172,13 +178,13 @@ def _preprocess_kernel(
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "window_left", "window_right", "chunk"])
 def _dkdv_kernel(
-    q_ptr, stride_qb, stride_qs, stride_qh,  # [B, Sq, H, D]
-    k_ptr, stride_kb, stride_ks, stride_kh,  # [B, Sk, Hkv, D]
-    v_ptr, stride_vb, stride_vs, stride_vh,  # [B, Sk, Hkv, Dv]
-    dout_ptr, stride_dob, stride_dos, stride_doh,  # [B, Sq, H, Dv]
-    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
-    dk_ptr, stride_dkb, stride_dks, stride_dkh,  # [B, Sk, Hkv, D] fp32 output
-    dv_ptr, stride_dvb, stride_dvs, stride_dvh,  # [B, Sk, Hkv, Dv] fp32 output
+    q_ptr, stride_qb, stride_qs, stride_qh,  # [b, s_q, h, d]
+    k_ptr, stride_kb, stride_ks, stride_kh,  # [b, s_k, h_k, d]
+    v_ptr, stride_vb, stride_vs, stride_vh,  # [b, s_k, h_k, d_v]
+    dout_ptr, stride_dob, stride_dos, stride_doh,  # [b, s_q, h, d_v]
+    lse_ptr, delta_ptr,  # [b, h, s_q] fp32
+    dk_ptr, stride_dkb, stride_dks, stride_dkh,  # [b, s_k, h_k, d] fp32 output
+    dv_ptr, stride_dvb, stride_dvs, stride_dvh,  # [b, s_k, h_k, d_v] fp32 output
     seqlen_q, seqlen_k, softmax_scale, softcap, nheads_k,
     window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
     chunk,  # attention_chunk, 0 = off
@@ -197,7 +203,7 @@ def _dkdv_kernel(
         q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
             q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh, v_ptr, stride_vb, stride_vh,
             dout_ptr, stride_dob, stride_doh, lse_ptr, delta_ptr, b, hk * GROUP + g, nheads_k * GROUP, seqlen_q, GROUP)
-        # the same k, v tiles for every g: one load per query head, beside the Sq / BLOCK_M q tiles it streams
+        # the same k, v tiles for every g: one load per query head, beside the s_q / BLOCK_M q tiles it streams
         k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
         v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
         for m0 in range(0, seqlen_q, BLOCK_M):
@@ -220,12 +226,12 @@ def _dkdv_kernel(
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "window_left", "window_right", "chunk"])
 def _dq_kernel(
-    q_ptr, stride_qb, stride_qs, stride_qh,  # [B, Sq, H, D]
-    k_ptr, stride_kb, stride_ks, stride_kh,  # [B, Sk, Hkv, D]
-    v_ptr, stride_vb, stride_vs, stride_vh,  # [B, Sk, Hkv, Dv]
-    dout_ptr, stride_dob, stride_dos, stride_doh,  # [B, Sq, H, Dv]
-    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
-    dq_ptr, stride_dqb, stride_dqs, stride_dqh,  # [B, Sq, H, D] fp32 output
+    q_ptr, stride_qb, stride_qs, stride_qh,  # [b, s_q, h, d]
+    k_ptr, stride_kb, stride_ks, stride_kh,  # [b, s_k, h_k, d]
+    v_ptr, stride_vb, stride_vs, stride_vh,  # [b, s_k, h_k, d_v]
+    dout_ptr, stride_dob, stride_dos, stride_doh,  # [b, s_q, h, d_v]
+    lse_ptr, delta_ptr,  # [b, h, s_q] fp32
+    dq_ptr, stride_dqb, stride_dqs, stride_dqh,  # [b, s_q, h, d] fp32 output
     seqlen_q, seqlen_k, softmax_scale, softcap, nheads,
     window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
     chunk,  # attention_chunk, 0 = off
@@ -260,14 +266,15 @@ def _dq_kernel(
 
 @triton.jit
 def _head_pointers(
-    q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh,  # [B, Sq, H, D], [B, Sk, Hkv, D]
-    v_ptr, stride_vb, stride_vh, dout_ptr, stride_dob, stride_doh,  # [B, Sk, Hkv, Dv], [B, Sq, H, Dv]
-    lse_ptr, delta_ptr,  # [B, H, Sq] fp32
+    q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh,  # [b, s_q, h, d], [b, s_k, h_k, d]
+    v_ptr, stride_vb, stride_vh, dout_ptr, stride_dob, stride_doh,  # [b, s_k, h_k, d_v], [b, s_q, h, d_v]
+    lse_ptr, delta_ptr,  # [b, h, s_q] fp32
     b, h, nheads, seqlen_q, GROUP: tl.constexpr,
 ):
-    """Where query head ``h`` of batch entry ``b`` and its KV head ``h // GROUP`` start: the ``[Sq, D]``
-    view of q, ``[Sk, D]`` of k, ``[Sk, Dv]`` of v, ``[Sq, Dv]`` of dO (rows at the inputs' strides)
-    and the ``[Sq]`` rows of lse and D; both backward kernels read their tiles from these."""
+    """Where the query head at index ``h`` (``head`` in docs/notation.md) of batch entry ``b`` and its KV
+    head ``h // GROUP`` start: the ``[s_q, d]`` view of q, ``[s_k, d]`` of k, ``[s_k, d_v]`` of v,
+    ``[s_q, d_v]`` of dO (rows at the inputs' strides) and the ``[s_q]`` rows of lse and D; both backward
+    kernels read their tiles from these."""
     hk = h // GROUP
     stats = (b * nheads + h) * seqlen_q
     return (q_ptr + b * stride_qb + h * stride_qh, k_ptr + b * stride_kb + hk * stride_kh,
@@ -277,7 +284,7 @@ def _head_pointers(
 
 @triton.jit
 def _load_rows(ptr, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr, DTYPE: tl.constexpr):
-    """Rows ``offs`` (BLOCK, BLOCK_D) of a ``[S, D]`` view (stride ``stride_s``), 0 out of bounds."""
+    """Rows ``offs`` (BLOCK, BLOCK_D) of a ``[S, d]`` view (stride ``stride_s``), 0 out of bounds."""
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
     return tl.load(ptr + offs[:, None] * stride_s + offs_d[None, :], mask=mask, other=0.0).to(DTYPE)
@@ -285,7 +292,7 @@ def _load_rows(ptr, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constex
 
 @triton.jit
 def _store_rows(ptr, x, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Store ``x`` (BLOCK, BLOCK_D) as rows ``offs`` of a ``[S, D]`` view (stride ``stride_s``), in bounds."""
+    """Store ``x`` (BLOCK, BLOCK_D) as rows ``offs`` of a ``[S, d]`` view (stride ``stride_s``), in bounds."""
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
     tl.store(ptr + offs[:, None] * stride_s + offs_d[None, :], x, mask=mask)

@@ -36,7 +36,7 @@ the cache.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -54,14 +54,14 @@ from .splits import attention_tiles, choose_num_splits
 
 @catalogued
 def flash_attn_with_kvcache(
-    q,
-    k_cache,
-    v_cache,
-    k=None,
-    v=None,
-    qv=None,
-    rotary_cos=None,
-    rotary_sin=None,
+    q: Optional[torch.Tensor],
+    k_cache: Optional[torch.Tensor],
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    qv: Optional[torch.Tensor] = None,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
     cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
     cache_batch_idx: Optional[torch.Tensor] = None,
     cache_leftpad: Optional[torch.Tensor] = None,
@@ -73,23 +73,23 @@ def flash_attn_with_kvcache(
     q_descale: Optional[torch.Tensor] = None,
     k_descale: Optional[torch.Tensor] = None,
     v_descale: Optional[torch.Tensor] = None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),  # -1 means infinite context window
     attention_chunk: Optional[int] = None,
-    softcap=0.0,  # 0.0 means deactivated
-    rotary_interleaved=True,
-    scheduler_metadata=None,
-    num_splits=0,
-    pack_gqa=None,
-    only_qv=False,
-    sm_margin=0,
-    return_softmax_lse=False,
-    sinks=None,
-    score_mod=None,
-    aux_tensors=None,
-    ver=3,
-    out=None,
+    softcap: float = 0.0,  # 0.0 means deactivated
+    rotary_interleaved: bool = True,
+    scheduler_metadata: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+    pack_gqa: Optional[bool] = None,
+    only_qv: bool = False,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+    sinks: Optional[torch.Tensor] = None,
+    score_mod: Optional[Callable] = None,
+    aux_tensors: Optional[list[torch.Tensor]] = None,
+    ver: int = 3,
+    out: Optional[torch.Tensor] = None,
 ):
     """Attention of ``q`` over a KV cache, appending ``k``/``v`` to the cache first (in place).
 

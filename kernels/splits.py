@@ -1,7 +1,7 @@
 """How many KV splits to run (``num_splits=0``) and how big the attention tiles are.
 
 **Split ranges** are those of :func:`attn_ref.splits.split_bounds`: split ``s`` of ``n`` covers keys
-``[s·ceil(Sk/n), (s+1)·ceil(Sk/n)) ∩ [0, Sk)``; the kernel computes them itself from ``Sk`` and ``n``.
+``[s·ceil(s_k/n), (s+1)·ceil(s_k/n)) ∩ [0, s_k)``; the kernel computes them itself from ``s_k`` and ``n``.
 
 **Heuristic** (:func:`choose_num_splits`). Without splitting the attention grid has
 ``programs = batch · h_k · m_blocks`` programs (pack-GQA: one program per KV head, not per query
@@ -25,12 +25,12 @@ Examples on an H200 (132 SMs), GQA 32/8, BLOCK_N 64: batch 1, 64k context -> 8 p
 **Tiles** (:func:`attention_tiles`), chosen for H100/H200, no autotuning (the launch is deterministic
 and the compile test compiles exactly what runs):
 
-* decode-like calls (``max Sq · G <= 64`` packed rows): ``BLOCK_M = max(16, next_pow2(Sq · G))``,
+* decode-like calls (``max s_q · g <= 64`` packed rows): ``BLOCK_M = max(16, next_pow2(s_q · g))``,
   ``BLOCK_N = 64``, 4 warps, 3 stages: a memory-bound stream of K/V blocks, split-KV for parallelism;
 * prefill: ``BLOCK_M = 128`` packed rows, ``BLOCK_N = 64``, 8 warps, 3 stages (the Triton tutorial's
   Hopper shape for d = 128), causal blocks above the diagonal skipped;
 * head dims above 128 halve ``BLOCK_N`` (and ``BLOCK_M`` for prefill) to stay within registers;
-* ``BLOCK_M >= next_pow2(G)`` always, so a tile holds at least one row of all its heads;
+* ``BLOCK_M >= next_pow2(g)`` always, so a tile holds at least one row of all its heads;
 * interpreter: ``BLOCK_M <= 64``, ``BLOCK_N = 32``: few, large programs (numpy cost is per
   operation, not per element), while multi-block key loops stay exercised on small test shapes.
 """

@@ -23,7 +23,7 @@ def test_note_names_the_offline_command_and_the_docs_url_and_message_is_unchange
     assert str(exc) == "q can only be None when only_qv=True"
     assert exc.__notes__ == [f"attn-ref error {entry['id']}: {entry['slug']}; run `python -m errors explain "
                              f"{entry['id']}` or see {entry['docs_url']}"]
-    assert entry["docs_url"] == f"https://attn-ref.github.io/attn-ref/errors/{entry['id']}/"
+    assert entry["docs_url"] == "https://attn-ref.github.io/attn-ref/errors/only-qv/q-none-without-only-qv/"
     assert errors.lookup(exc.__notes__[0]) is entry  # the note pasted back finds its entry
 
 
@@ -34,9 +34,9 @@ def test_docs_url_of_the_note_is_configurable(monkeypatch, setting, link):
     entry = errors.get("only-qv/q-none-without-only-qv")
     (note,) = _q_none_error().__notes__
     command = f"run `python -m errors explain {entry['id']}`"
-    assert note.endswith(f"{command} or see {link}{entry['id']}/" if link else command)
+    assert note.endswith(f"{command} or see {link}{entry['slug']}/" if link else command)
     header = errors.explain(entry["id"]).splitlines()[2]
-    assert (f"{link}{entry['id']}/" in header) if link else ("http" not in header)
+    assert (f"{link}{entry['slug']}/" in header) if link else ("http" not in header)
     assert entry["docs_url"].startswith("https://attn-ref.github.io/")  # the stored field keeps the published site
 
 

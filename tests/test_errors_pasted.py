@@ -54,6 +54,8 @@ PASTES = [
     (f"attn-ref error {Q_NONE_ID}: only-qv/q-none-without-only-qv, see https://example.org/", "only-qv/q-none-without-only-qv"),
     (f"https://attn-ref.github.io/attn-ref/errors/{Q_NONE_ID}/", "only-qv/q-none-without-only-qv"),
     (f"https://attn-ref.github.io/attn-ref/api/errors/{Q_NONE_ID}.json", "only-qv/q-none-without-only-qv"),
+    ("https://attn-ref.github.io/attn-ref/errors/only-qv/q-none-without-only-qv/", "only-qv/q-none-without-only-qv"),
+    ("http://localhost:8000/errors/kvcache/q-none-without-only-qv/#solutions", "only-qv/q-none-without-only-qv"),
     ("f0e8c28e3c1dd042", "only-qv/q-none-without-only-qv"),
     ("7da82cf0c0998327", "sequence-parallel/replicated-qkv-together"),
     ("AssertionError: v_cache must have contiguous last dimension", "arguments/non-contiguous-last-dim"),

@@ -29,9 +29,9 @@ def _ints(gen: torch.Generator, low: int, high: int, n: int) -> list[int]:
 
 def _caches(gen: torch.Generator, values: torch.Generator, rows: int, capacity: int, page_size: Optional[int],
             heads_k: int, d: int, dv: int, dtype: torch.dtype) -> dict:
-    """``k_cache (rows, capacity, h_k, d)`` and ``v_cache (..., dv)``, or with ``page_size`` P:
-    ``(num_pages, P, h_k, ...)`` caches of shuffled pages (3 spare) and ``page_table (rows,
-    capacity / P)``; the values drawn on ``values``, the page order on ``gen``."""
+    """``k_cache (rows, capacity, h_k, d)`` and ``v_cache (..., dv)``, or with ``page_size``:
+    ``(num_pages, page_size, h_k, ...)`` caches of shuffled pages (3 spare) and ``page_table (rows,
+    capacity / page_size)``; the values drawn on ``values``, the page order on ``gen``."""
     found = {}
     if page_size is None:
         major = (rows, capacity)

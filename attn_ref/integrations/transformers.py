@@ -32,7 +32,7 @@ padding and a sliding window (packed sequences, bidirectional or chunked attenti
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -86,7 +86,7 @@ def attention_forward(
     sliding_window: Optional[int] = None,
     softcap: Optional[float] = None,
     is_causal: Optional[bool] = None,
-    **kwargs,
+    **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """One attention layer: ``query`` ``(b, h, sq, d)``, ``key`` / ``value`` ``(b, h_k, skv, d|dv)`` (all
     the keys, after transformers' cache update), ``attention_mask`` from :func:`padding_mask`.
@@ -146,12 +146,12 @@ def padding_mask(
     batch_size: int,
     q_length: int,
     kv_length: int,
-    q_offset=0,
+    q_offset: Union[int, torch.Tensor] = 0,
     kv_offset: int = 0,
     mask_function: Optional[Callable] = None,
     attention_mask: Optional[torch.Tensor] = None,
-    config=None,
-    **kwargs,
+    config: Optional[object] = None,
+    **kwargs: object,
 ) -> torch.Tensor:
     """The mask function (``AttentionMaskInterface``): which of the ``kv_length`` keys hold tokens,
     ``(b, kv_length)`` bool, for :func:`attention_forward`.

@@ -32,7 +32,7 @@ Deliberate differences from sglang's ``layer.py`` / ``usp.py``:
 * "Replicated Q, K, and V must be provided together." is raised on the Ulysses path too (sglang
   only checks k/v there when ``replicated_q`` is given and ignores a lone ``replicated_k``).
 * UlyssesAttention packs q/k/v per shape instead of ``cat([q, k, v])``, so GQA works
-  (``Hkv % P == 0``); it can also return the LSEs (``return_softmax_lse=True``).
+  (``h_k % P == 0``); it can also return the LSEs (``return_softmax_lse=True``).
 * USPAttention is correct with ``causal=True`` and replicated tokens, under ring too (each chunk
   pair is masked by its place in the global sequence); sglang's ring relies on the backend's
   pre-configured mask. As in sglang, on one rank (or with ``skip_sequence_parallel``) it is local

@@ -3,12 +3,12 @@
 Ulysses, K/V gather, ring and USP only *move* tensors between ranks. The arithmetic happens in a few
 local operations, and an :class:`AttentionBackend` names the implementation of each:
 
-* **attend** ``(q, k, v, softmax_scale, causal) -> (out, lse)``: attention of ``q [B, Sq, H, D]``
-  over ``k [B, Sk, Hkv, D]``, ``v [B, Sk, Hkv, Dv]`` (GQA: query head ``h`` reads KV head
-  ``h // (H / Hkv)``), computed by ``flash_attn_with_kvcache(q, k_cache=k, v_cache=v,
+* **attend** ``(q, k, v, softmax_scale, causal) -> (out, lse)``: attention of ``q [b, s_q, h, d]``
+  over ``k [b, s_k, h_k, d]``, ``v [b, s_k, h_k, d_v]`` (GQA: query head ``head`` reads KV
+  head ``head // g``, ``g = h / h_k``), computed by ``flash_attn_with_kvcache(q, k_cache=k, v_cache=v,
   return_softmax_lse=True)`` with K/V as a dense cache and no ``cache_seqlens`` (every key valid).
-  ``causal`` is **bottom-right aligned**: query row ``i`` sees keys ``j <= i + Sk - Sq``. Returns
-  ``out [B, Sq, H, Dv]`` in q's dtype and ``lse [B, Sq, H]`` fp32 (natural log, ``-inf`` for a row
+  ``causal`` is **bottom-right aligned**: query row ``i`` sees keys ``j <= i + s_k - s_q``. Returns
+  ``out [b, s_q, h, d_v]`` in q's dtype and ``lse [b, s_q, h]`` fp32 (natural log, ``-inf`` for a row
   that sees no key).
 * **merge** ``(out_a, lse_a, out_b, lse_b) -> (out, lse)``: the ⊕ of two attention states over
   disjoint key sets, ``lse = logaddexp(lse_a, lse_b)``, ``out = e^{lse_a - lse} out_a +
@@ -45,7 +45,7 @@ class AttentionBackend:
     Attributes:
         name: label shown in reprs and test ids.
         flash_attn_with_kvcache: a function with sglang's ``flash_attn_with_kvcache`` API that
-            supports ``return_softmax_lse=True`` (LSE ``[B, H, Sq]``).
+            supports ``return_softmax_lse=True`` (LSE ``[b, h, s_q]``).
         merge_attention_states: ``(out_a, lse_a, out_b, lse_b) -> (out, lse)`` in fp32.
         attention_backward: :func:`attn_ref.attention_backward`'s API, or None (forward only: a
             backward through this backend raises ``NotImplementedError``).
@@ -59,7 +59,7 @@ class AttentionBackend:
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(out [B, Sq, H, Dv] in q's dtype, lse [B, Sq, H] fp32)`` of q over all of k/v; differentiable."""
+        """``(out [b, s_q, h, d_v] in q's dtype, lse [b, s_q, h] fp32)`` of q over all of k/v; differentiable."""
         return _Attend.apply(self, q, k, v, softmax_scale, causal)
 
     def attend_forward(
@@ -70,15 +70,15 @@ class AttentionBackend:
             q.contiguous(), k.contiguous(), v.contiguous(),
             softmax_scale=softmax_scale, causal=causal, return_softmax_lse=True,
         )
-        return out, lse.transpose(1, 2)  # [B, H, Sq] -> [B, Sq, H], the layout of out[..., 0]
+        return out, lse.transpose(1, 2)  # [b, h, s_q] -> [b, s_q, h], the layout of out[..., 0]
 
     def attend_backward(
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
         lse: torch.Tensor, softmax_scale: float, causal: bool, dlse: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """fp32 ``(dq [B, Sq, H, D], dk [B, Sk, Hkv, D], dv [B, Sk, Hkv, Dv])`` of :meth:`attend`.
+        """fp32 ``(dq [b, s_q, h, d], dk [b, s_k, h_k, d], dv [b, s_k, h_k, d_v])`` of :meth:`attend`.
 
-        ``out``/``lse`` (``[B, Sq, H, Dv]`` / ``[B, Sq, H]``) are the rows' saved (final) state and
+        ``out``/``lse`` (``[b, s_q, h, d_v]`` / ``[b, s_q, h]``) are the rows' saved (final) state and
         ``dout``/``dlse`` their gradients (``dlse`` None: no gradient flows into the LSE).
         """
         check_backward_available(self.name, self.attention_backward)
@@ -89,7 +89,7 @@ class AttentionBackend:
     def merge(
         self, out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(out_a, lse_a) ⊕ (out_b, lse_b)``: fp32 ``(out [..., Dv], lse [...])``."""
+        """``(out_a, lse_a) ⊕ (out_b, lse_b)``: fp32 ``(out [..., d_v], lse [...])``."""
         return self.merge_attention_states(out_a, lse_a, out_b, lse_b)
 
 

@@ -80,7 +80,7 @@ def check_4d(**tensors: torch.Tensor) -> None:
 
 
 def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_extra_rows: int = 0) -> None:
-    """q ``[B, S, H, D]``, k ``[B, S + kv_extra_rows, Hkv, D]``, v ``[B, same, Hkv, Dv]``, one dtype/device.
+    """q ``[b, S / P, h, d]``, k ``[b, S / P + kv_extra_rows, h_k, d]``, v ``[b, same, h_k, d_v]``, one dtype/device.
 
     ``kv_extra_rows`` is the length of a K/V-only replicated prefix (0 otherwise).
     """

@@ -1,6 +1,6 @@
 """The three collectives of sequence parallelism, on ``torch.distributed`` process groups.
 
-Layout ``[B, S, H, D]`` (batch, sequence, heads, head_dim). ``group=None`` is the default process
+Layout ``[b, S, h, d]`` (batch, sequence, heads, head_dim). ``group=None`` is the default process
 group (``torch.distributed.group.WORLD``), as in ``torch.distributed`` and ring-flash-attention; it
 is this rank alone only while ``torch.distributed`` is not initialized. :data:`SELF_GROUP` (or any
 group of one rank) is the identity and needs no initialized ``torch.distributed``.
@@ -61,7 +61,7 @@ def group_rank(group: Group) -> int:
 
 
 def heads_of_rank(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """Heads ``[rank·H/P, (rank+1)·H/P)`` of ``x [B, S, H, D]``: the block an all-to-all gives ``rank``.
+    """Heads ``[rank·h / P, (rank+1)·h / P)`` of ``x [b, S, h, d]``: the block an all-to-all gives ``rank``.
 
     For tokens every rank already holds (replicated), no collective is needed to get them.
     """
@@ -79,13 +79,13 @@ def all_to_all_4d(
 ) -> torch.Tensor:
     """Exchange sequence shards for head shards (``2 -> 1``) or back (``1 -> 2``) over ``group``.
 
-    With ``P`` ranks, rank ``r``, local length ``S_l`` (``seq_lens[i]`` on rank ``i`` when given,
+    With ``P`` ranks, rank ``r``, local length ``S / P`` (``seq_lens[i]`` on rank ``i`` when given,
     else equal on every rank) and ``S = sum of the local lengths``:
 
-    * ``scatter_dim=2, gather_dim=1``: ``[B, S_l, H, D] -> [B, S, H/P, D]``. Rank ``r`` receives
-      heads ``[r·H/P, (r+1)·H/P)`` of every rank's tokens; rank ``i``'s tokens land at rows
+    * ``scatter_dim=2, gather_dim=1``: ``[b, S / P, h, d] -> [b, S, h / P, d]``. Rank ``r`` receives
+      heads ``[r·h / P, (r+1)·h / P)`` of every rank's tokens; rank ``i``'s tokens land at rows
       ``[S_0 + ... + S_{i-1}, ... + S_i)`` (rank order).
-    * ``scatter_dim=1, gather_dim=2``: ``[B, S, H/P, D] -> [B, S_l, H, D]``, the inverse.
+    * ``scatter_dim=1, gather_dim=2``: ``[b, S, h / P, d] -> [b, S / P, h, d]``, the inverse.
 
     ``seq_lens`` (one local length per rank) allows unequal shards (varlen Ulysses).
     """
@@ -122,24 +122,24 @@ def _exchange_4d(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: Grou
     if scatter_dim == 2:
         lens = list(seq_lens) if seq_lens is not None else [s] * world
         hp = h // world
-        # [B, S_l, H, D] -> [P, S_l, B, H/P, D]: the block for rank j is contiguous.
+        # [b, S / P, h, d] -> [P, S / P, b, h / P, d]: the block for rank j is contiguous.
         send = x.reshape(b, s, world, hp, d).permute(2, 1, 0, 3, 4).contiguous()
         recv = torch.empty(sum(lens), b, hp, d, dtype=x.dtype, device=x.device)  # rank blocks in order
         dist.all_to_all_single(
             recv, send.reshape(world * s, b, hp, d),
             output_split_sizes=lens, input_split_sizes=[s] * world, group=group,
         )
-        return recv.permute(1, 0, 2, 3)  # [S, B, H/P, D] -> [B, S, H/P, D]
+        return recv.permute(1, 0, 2, 3)  # [S, b, h / P, d] -> [b, S, h / P, d]
     s_local = seq_lens[rank] if seq_lens is not None else s // world
     lens = list(seq_lens) if seq_lens is not None else [s_local] * world
-    # [B, S, H/P, D] -> [S, B, H/P, D]: the rows for rank j are contiguous.
+    # [b, S, h / P, d] -> [S, b, h / P, d]: the rows for rank j are contiguous.
     send = x.permute(1, 0, 2, 3).contiguous()
-    recv = torch.empty(world, s_local, b, h, d, dtype=x.dtype, device=x.device)  # [P, S_l, B, H/P, D]
+    recv = torch.empty(world, s_local, b, h, d, dtype=x.dtype, device=x.device)  # [P, S / P, b, h / P, d]
     dist.all_to_all_single(
         recv.view(world * s_local, b, h, d), send,
         output_split_sizes=[s_local] * world, input_split_sizes=lens, group=group,
     )
-    # [P, S_l, B, H/P, D] -> [B, S_l, P, H/P, D] -> [B, S_l, H, D]: head block i came from rank i.
+    # [P, S / P, b, h / P, d] -> [b, S / P, P, h / P, d] -> [b, S / P, h, d]: head block i came from rank i.
     return recv.permute(2, 1, 0, 3, 4).reshape(b, s_local, world * h, d)
 
 

@@ -30,7 +30,7 @@ class SequenceParallelAttention(torch.nn.Module):
     ) -> None:
         """sglang's arguments, checked (:func:`check_head_config`) and kept as attributes.
 
-        ``num_kv_heads`` defaults to ``num_heads`` (``H % Hkv == 0``, GQA), ``softmax_scale`` to
+        ``num_kv_heads`` defaults to ``num_heads`` (``h % h_k == 0``, GQA), ``softmax_scale`` to
         ``head_size ** -0.5``; the backends, prefix and extra arguments are kept, not used.
         """
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -43,7 +43,7 @@ class SequenceParallelAttention(torch.nn.Module):
         )
 
     def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_extra_rows: int = 0) -> None:
-        """q ``[B, S, H, D]``, k/v ``[B, S + kv_extra_rows, Hkv, D|Dv]`` fit each other and the layer's heads."""
+        """q ``[b, S / P, h, d]``, k/v ``[b, S / P + kv_extra_rows, h_k, d|d_v]`` fit each other and the layer's heads."""
         check_attention_inputs(q, k, v, kv_extra_rows=kv_extra_rows)
         check_declared_heads(q, k, self.num_heads, self.num_kv_heads, self.head_size)
 

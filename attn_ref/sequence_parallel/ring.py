@@ -93,18 +93,18 @@ def ring_attention(
     """Attention of this rank's queries over the K/V of every rank of the ring ``group``.
 
     Args:
-        q: ``[B, S, H, D]`` this rank's block of queries; k ``[B, S, Hkv, D]``, v ``[B, S, Hkv, Dv]``
-            the same tokens' keys and values (``H % Hkv == 0``). Every rank passes the same shapes.
+        q: ``[b, S / P, h, d]`` this rank's block of queries; k ``[b, S / P, h_k, d]``, v ``[b, S / P, h_k, d_v]``
+            the same tokens' keys and values (``h % h_k == 0``). Every rank passes the same shapes.
         group: the ring; None is the default group (the whole world), as in ``torch.distributed``;
             this rank alone without torch.distributed, or with :data:`~.comm.SELF_GROUP`.
-        softmax_scale: default ``D ** -0.5``.
+        softmax_scale: default ``d ** -0.5``.
         causal: causal over the global sequence, whose layout is given by ``zigzag``: rank ``r``
             holds block ``r`` (contiguous), or chunks ``r`` and ``2R-1-r`` of ``2R`` (zigzag; ``S``
             even). See :func:`attn_ref.sequence_parallel.shard_sequence`.
         backend: local attention + merge (:data:`REFERENCE_BACKEND` or the kernels').
 
     Returns:
-        ``out [B, S, H, Dv]`` in q's dtype and ``lse [B, S, H]`` fp32 (natural log), equal to
+        ``out [b, S / P, h, d_v]`` in q's dtype and ``lse [b, S / P, h]`` fp32 (natural log), equal to
         single-device attention of these rows over the whole sequence.
     """
     fields = dict(q=describe(q), k=describe(k), v=describe(v), softmax_scale=softmax_scale, causal=causal, zigzag=zigzag)
@@ -125,7 +125,7 @@ def ring_attention_unchecked(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group, softmax_scale: Optional[float],
     causal: bool, zigzag: bool, backend: AttentionBackend,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`ring_attention` after its checks: ``(out in q's dtype, lse [B, S, H] fp32)``."""
+    """:func:`ring_attention` after its checks: ``(out in q's dtype, lse [b, S / P, h] fp32)``."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     size, rank, rows = group_size(group), group_rank(group), q.shape[1]
     out, lse = ring_attention_states(
@@ -151,14 +151,14 @@ def ring_attention_states(
     """The ring (no argument checks; callers check first), differentiable with the ring backward.
 
     Args:
-        q: ``[B, Sq, H, D]`` local queries, laid out as ``q_chunks``.
-        k: ``[B, Sk, Hkv, D]`` this rank's key block, the one that rotates; ``kv_chunks(s)`` gives
+        q: ``[b, s_q, h, d]`` local queries, laid out as ``q_chunks``.
+        k: ``[b, s_k, h_k, d]`` this rank's key block, the one that rotates; ``kv_chunks(s)`` gives
             the chunks of ring rank ``s``'s block.
-        v: ``[B, Sk, Hkv, Dv]`` this rank's value block, rotating with ``k``.
+        v: ``[b, s_k, h_k, d_v]`` this rank's value block, rotating with ``k``.
         fixed_kv: ``(k, v, chunks)`` attended once, at step 0, and never sent (replicated tokens).
 
     Returns:
-        fp32 ``out [B, Sq, H, Dv]`` and ``lse [B, Sq, H]``.
+        fp32 ``out [b, s_q, h, d_v]`` and ``lse [b, s_q, h]``.
     """
     k_fixed, v_fixed, fixed_chunks = fixed_kv if fixed_kv is not None else (None, None, ())
     plan = _RingPlan(q_chunks, kv_chunks, group, backend, softmax_scale, causal, fixed_chunks)
@@ -197,7 +197,7 @@ class _RingAttention(torch.autograd.Function):
 
 
 def _ring_forward(plan: _RingPlan, q, k, v, k_fixed, v_fixed) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ring loop: fp32 ``(out [B, Sq, H, Dv], lse [B, Sq, H])``."""
+    """The ring loop: fp32 ``(out [b, s_q, h, d_v], lse [b, s_q, h])``."""
     b, sq, h = q.shape[:3]
     out = torch.zeros(b, sq, h, v.shape[-1], dtype=torch.float32, device=q.device)
     lse = torch.full((b, sq, h), float("-inf"), dtype=torch.float32, device=q.device)  # ⊕'s identity

@@ -5,10 +5,10 @@ window_size=(-1, -1), alibi_slopes=None, deterministic=False, return_attn_probs=
 and its ``_kvpacked_func(q, kv, ...)`` / ``_qkvpacked_func(qkv, ...)`` variants, with the same names,
 order, defaults and return convention as ring-flash-attention (zhuzilin/ring-flash-attention):
 
-* layout ``[B, S, H, D]``, this rank's block of the sequence; ``kv [B, S, 2, Hkv, D]`` and
-  ``qkv [B, S, 3, H, D]`` (k, v or q, k, v stacked on dim 2);
+* layout ``[b, S / P, h, d]``, this rank's block of the sequence; ``kv [b, S / P, 2, h_k, d]`` and
+  ``qkv [b, S / P, 3, h, d]`` (k, v or q, k, v stacked on dim 2);
 * ``group=None`` rings over the default group (the whole world);
-* returns ``out [B, S, H, D]`` (q's dtype), or ``(out, softmax_lse [B, H, S] fp32, None)`` with
+* returns ``out [b, S / P, h, d]`` (q's dtype), or ``(out, softmax_lse [b, h, S / P] fp32, None)`` with
   ``return_attn_probs=True`` (ring-flash-attention returns no probabilities either).
 
 ``zigzag_ring_flash_attn_*`` expect the zigzag layout (rank ``r`` holds chunks ``r`` and
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -80,26 +80,28 @@ def _ring_flash_attn(call: str, zigzag: bool, packed: dict[str, torch.Tensor], *
     out, lse = ring_attention_unchecked(q, k, v, group, softmax_scale, causal, zigzag, backend)
     if not return_attn_probs:
         return out
-    return out, lse.transpose(1, 2).contiguous(), None  # [B, S, H] -> ring-flash-attention's [B, H, S]
+    return out, lse.transpose(1, 2).contiguous(), None  # [b, S / P, h] -> ring-flash-attention's [b, h, S / P]
 
 
-# The entry points: upstream's signatures (names, order, defaults, no annotations, as upstream writes
-# them), each the body above for its layout, its arguments passed by name.
+# The entry points: upstream's signatures (names, order, defaults; annotated here, which upstream's are
+# not), each the body above for its layout, its arguments passed by name.
 
 
 @catalogued
 def ring_flash_attn_func(
-    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """Ring attention of this rank's block ``q [b, s, h, d]`` over every rank's ``k, v [b, s, h_k, d]``.
+    """Ring attention of this rank's block ``q [b, S / P, h, d]`` over every rank's ``k, v [b, S / P, h_k, d]``.
 
-    Contiguous layout: rank ``r`` of ``group`` holds tokens ``[r·S, (r+1)·S)``. See the module docstring.
+    Contiguous layout: rank ``r`` of ``group`` holds tokens ``[r·S / P, (r+1)·S / P)``. See the module docstring.
 
     Args:
-        q (torch.Tensor): ``[b, s, h, d]``, this rank's queries.
-        k (torch.Tensor): ``[b, s, h_k, d]``, this rank's keys (``h % h_k == 0``).
-        v (torch.Tensor): ``[b, s, h_k, d]``, this rank's values.
+        q (torch.Tensor): ``[b, S / P, h, d]``, this rank's queries.
+        k (torch.Tensor): ``[b, S / P, h_k, d]``, this rank's keys (``h % h_k == 0``).
+        v (torch.Tensor): ``[b, S / P, h_k, d]``, this rank's values.
         dropout_p (float): must be 0 (``NotImplementedError`` otherwise).
         softmax_scale (float | None): default ``d ** -0.5``.
         causal (bool): causal over the global sequence.
@@ -111,7 +113,7 @@ def ring_flash_attn_func(
         backend (AttentionBackend): local attention + merge (the kernels' in :mod:`kernels.sequence_parallel`).
 
     Returns:
-        ``out [b, s, h, d]`` in q's dtype, or ``(out, lse [b, h, s] fp32, None)`` with
+        ``out [b, S / P, h, d]`` in q's dtype, or ``(out, lse [b, h, S / P] fp32, None)`` with
         ``return_attn_probs=True``.
     """
     return _ring_flash_attn(
@@ -122,10 +124,12 @@ def ring_flash_attn_func(
 
 @catalogued
 def ring_flash_attn_kvpacked_func(
-    q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]`` (k and v stacked on dim 2)."""
+    """:func:`ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]`` (k and v stacked on dim 2)."""
     return _ring_flash_attn(
         "ring_flash_attn_kvpacked_func", False, dict(q=q, kv=kv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -134,10 +138,12 @@ def ring_flash_attn_kvpacked_func(
 
 @catalogued
 def ring_flash_attn_qkvpacked_func(
-    qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`ring_flash_attn_func` with ``qkv [B, S, 3, H, D]`` (q, k, v stacked on dim 2)."""
+    """:func:`ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]`` (q, k, v stacked on dim 2)."""
     return _ring_flash_attn(
         "ring_flash_attn_qkvpacked_func", False, dict(qkv=qkv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -146,8 +152,10 @@ def ring_flash_attn_qkvpacked_func(
 
 @catalogued
 def zigzag_ring_flash_attn_func(
-    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
     """:func:`ring_flash_attn_func` on the zigzag layout (rank ``r``: chunks ``r`` and ``2P-1-r`` of ``2P``)."""
     return _ring_flash_attn(
@@ -158,10 +166,12 @@ def zigzag_ring_flash_attn_func(
 
 @catalogued
 def zigzag_ring_flash_attn_kvpacked_func(
-    q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`zigzag_ring_flash_attn_func` with ``kv [B, S, 2, Hkv, D]``."""
+    """:func:`zigzag_ring_flash_attn_func` with ``kv [b, S / P, 2, h_k, d]``."""
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_kvpacked_func", True, dict(q=q, kv=kv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -170,10 +180,12 @@ def zigzag_ring_flash_attn_kvpacked_func(
 
 @catalogued
 def zigzag_ring_flash_attn_qkvpacked_func(
-    qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, group=None, *, backend=REFERENCE_BACKEND,
+    qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+    causal: bool = False, window_size: tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False, return_attn_probs: bool = False, group: Group = None, *,
+    backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`zigzag_ring_flash_attn_func` with ``qkv [B, S, 3, H, D]``."""
+    """:func:`zigzag_ring_flash_attn_func` with ``qkv [b, S / P, 3, h, d]``."""
     return _ring_flash_attn(
         "zigzag_ring_flash_attn_qkvpacked_func", True, dict(qkv=qkv),
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -207,7 +219,7 @@ def with_backend(func: Callable, backend: AttentionBackend) -> Callable:
 
 
 def check_packed(name: str, x: torch.Tensor, parts: int) -> None:
-    """ring-flash-attention's packed layouts: ``kv [B, S, 2, Hkv, D]``, ``qkv [B, S, 3, H, D]``."""
+    """ring-flash-attention's packed layouts: ``kv [b, S / P, 2, h_k, d]``, ``qkv [b, S / P, 3, h, d]``."""
     if x.dim() != 5 or x.shape[2] != parts:
         raise ValueError(
             f"{name} must be a [batch, seq, {parts}, heads, head_dim] tensor, got shape {tuple(x.shape)}"

@@ -1,18 +1,18 @@
 """``UlyssesAttention``: sglang's sequence-parallel attention over one SP group, in two modes.
 
-Each of the ``P`` ranks holds ``S_l`` tokens of the sequence (``[B, S_l, H, D]``, rank order) and,
-optionally, replicated tokens every rank holds whole (``replicated_q/k/v [B, S_r, H|Hkv, D]``, e.g.
+Each of the ``P`` ranks holds ``S / P`` tokens of the sequence (``[b, S / P, h, d]``, rank order) and,
+optionally, replicated tokens every rank holds whole (``replicated_q/k/v [b, S_r, h|h_k, d]``, e.g.
 the text of a text-to-image model). The result equals single-device attention over the sequence
 ``[shard_0, ..., shard_{P-1}, replicated]``: the replicated tokens act as a **suffix**, counted once.
 
 * **Ulysses** (``sp_attention_mode="ulysses"``): an all-to-all turns sequence shards into head
-  shards, ``[B, S_l, H, D] -> [B, P·S_l, H/P, D]``; each rank attends the whole sequence for its
-  ``H/P`` heads (attention never mixes heads, so this is exact), with its slice of the replicated
+  shards, ``[b, S / P, h, d] -> [b, S, h / P, d]``; each rank attends the whole sequence for its
+  ``h / P`` heads (attention never mixes heads, so this is exact), with its slice of the replicated
   heads appended as a suffix; the inverse all-to-all brings the output back to
-  ``[B, S_l, H, D]``, and an all-gather over heads rebuilds the replicated output ``[B, S_r, H, D]``
-  on every rank. Needs ``H % P == 0`` and ``Hkv % P == 0``; supports ``causal`` and ``seq_lens``
+  ``[b, S / P, h, d]``, and an all-gather over heads rebuilds the replicated output ``[b, S_r, h, d]``
+  on every rank. Needs ``h % P == 0`` and ``h_k % P == 0``; supports ``causal`` and ``seq_lens``
   (unequal local lengths).
-* **K/V gather** (``"kv_gather"``): all-gather K and V along the sequence, ``[B, P·S_l, Hkv, D]``,
+* **K/V gather** (``"kv_gather"``): all-gather K and V along the sequence, ``[b, S, h_k, d]``,
   append the replicated K/V as a suffix, and attend the local queries (plus the replicated ones)
   over all of it. No head divisibility and no output collective: the replicated output is computed,
   whole, on every rank. Like sglang it refuses ``causal`` and ``seq_lens``.
@@ -67,9 +67,9 @@ class UlyssesAttention(SequenceParallelAttention):
     keyword-only ``sp_attention_mode`` and ``groups`` are this package's.
 
     Args:
-        num_heads: query heads ``H``.
-        head_size: head dim ``D``.
-        num_kv_heads: ``Hkv`` (default ``H``; ``H % Hkv == 0``, GQA).
+        num_heads: query heads ``h``.
+        head_size: head dim ``d``.
+        num_kv_heads: ``h_k`` (default ``h``; ``h % h_k == 0``, GQA).
         softmax_scale: default ``head_size ** -0.5``.
         causal: causal attention over the global sequence (Ulysses mode only).
         supported_attention_backends: accepted and kept as an attribute; in sglang it chooses the
@@ -95,7 +95,7 @@ class UlyssesAttention(SequenceParallelAttention):
         *,
         sp_attention_mode: str = "ulysses",
         groups: Optional[SequenceParallelGroups] = None,
-        **extra_impl_args,
+        **extra_impl_args: object,
     ):
         super().__init__()
         groups = SequenceParallelGroups.from_world() if groups is None else groups
@@ -124,18 +124,18 @@ class UlyssesAttention(SequenceParallelAttention):
         """Attention of this rank's tokens (and the replicated ones) over the whole sequence.
 
         Args:
-            q: ``[B, S_l, H, D]``: this rank's shard of the queries (rank order).
-            k: ``[B, S_l, Hkv, D]``: this rank's shard of the keys.
-            v: ``[B, S_l, Hkv, D]``: this rank's shard of the values.
-            replicated_q: ``[B, S_r, H, D]`` queries every rank holds whole (a suffix of the
+            q: ``[b, S / P, h, d]``: this rank's shard of the queries (rank order).
+            k: ``[b, S / P, h_k, d]``: this rank's shard of the keys.
+            v: ``[b, S / P, h_k, d]``: this rank's shard of the values.
+            replicated_q: ``[b, S_r, h, d]`` queries every rank holds whole (a suffix of the
                 sequence); ``replicated_q``, ``replicated_k`` and ``replicated_v`` come all three or none.
-            replicated_k: ``[B, S_r, Hkv, D]`` keys every rank holds whole.
-            replicated_v: ``[B, S_r, Hkv, D]`` values every rank holds whole.
-            seq_lens: the local length ``S_l`` of every rank (unequal shards, Ulysses mode).
-            return_softmax_lse: also return the LSEs (fp32, ``[B, S_l, H]`` / ``[B, S_r, H]``).
+            replicated_k: ``[b, S_r, h_k, d]`` keys every rank holds whole.
+            replicated_v: ``[b, S_r, h_k, d]`` values every rank holds whole.
+            seq_lens: the local length ``S / P`` of every rank (unequal shards, Ulysses mode).
+            return_softmax_lse: also return the LSEs (fp32, ``[b, S / P, h]`` / ``[b, S_r, h]``).
 
         Returns:
-            ``(out [B, S_l, H, D], replicated_out [B, S_r, H, D] or None)``, with
+            ``(out [b, S / P, h, d], replicated_out [b, S_r, h, d] or None)``, with
             ``(..., lse, replicated_lse)`` appended when ``return_softmax_lse``.
         """
         reps = (replicated_q, replicated_k, replicated_v)
@@ -193,7 +193,7 @@ class UlyssesAttention(SequenceParallelAttention):
 
     def _forward_ulysses(self, q, k, v, replicated_q, replicated_k, replicated_v, seq_lens, with_lse):
         group, world, rank = self.groups.sp_group, self.groups.sp_size, self.groups.sp_rank
-        # [B, S_l, H, D] -> [B, S, H/P, D]: all tokens, this rank's heads.
+        # [b, S / P, h, d] -> [b, S, h / P, d]: all tokens, this rank's heads.
         q, k, v = all_to_all_4d_packed([q, k, v], 2, 1, group, seq_lens)
         seq = q.shape[1]
         if replicated_q is not None:
@@ -202,10 +202,10 @@ class UlyssesAttention(SequenceParallelAttention):
             q, k, v = (torch.cat([x, heads_of_rank(r, rank, world)], dim=1) for x, r in zip((q, k, v), reps))
         out, lse = self.backend.attend(q, k, v, self.softmax_scale, self.causal)
         results = []
-        for x in (out, lse[..., None]) if with_lse else (out,):  # [B, S + S_r, H/P, Dv | 1]
-            # [B, S, H/P, .] -> [B, S_l, H, .]: back to this rank's tokens, all heads.
+        for x in (out, lse[..., None]) if with_lse else (out,):  # [b, S + S_r, h / P, d_v | 1]
+            # [b, S, h / P, .] -> [b, S / P, h, .]: back to this rank's tokens, all heads.
             tokens = all_to_all_4d(x[:, :seq].contiguous(), 1, 2, group, seq_lens)
-            # [B, S_r, H/P, .] -> [B, S_r, H, .] on every rank: an all-gather over heads.
+            # [b, S_r, h / P, .] -> [b, S_r, h, .] on every rank: an all-gather over heads.
             replicated = None if replicated_q is None else replicated_output(
                 all_gather(x[:, seq:].contiguous(), dim=2, group=group), group)
             results += [tokens, replicated]
@@ -215,7 +215,7 @@ class UlyssesAttention(SequenceParallelAttention):
 
     def _forward_with_kv_gather(self, q, k, v, replicated_q, replicated_k, replicated_v, with_lse):
         group = self.groups.sp_group
-        # [B, S_l, Hkv, D] -> [B, P·S_l, Hkv, D]: every rank's keys and values, in rank order.
+        # [b, S / P, h_k, d] -> [b, S, h_k, d]: every rank's keys and values, in rank order.
         if k.shape == v.shape:
             k, v = all_gather(torch.stack([k, v]), dim=2, group=group).unbind(0)
         else:

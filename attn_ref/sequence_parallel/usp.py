@@ -3,14 +3,14 @@
 With the groups of :mod:`.groups` (Ulysses contiguous, ring strided) and the token layout of
 :mod:`.layout`, SP rank ``(g, u)`` holds part ``u`` of ring block ``g``. One call:
 
-1. **All-to-all in** over the Ulysses group: ``[B, S_l, H, D] -> [B, U·S_l, H/U, D]``. Member ``u``
-   now holds the whole ring block ``g`` for heads ``[u·H/U, (u+1)·H/U)``, and its ring peers
+1. **All-to-all in** over the Ulysses group: ``[b, S / P, h, d] -> [b, S / R, h / U, d]``. Member ``u``
+   now holds the whole ring block ``g`` for heads ``[u·h / U, (u+1)·h / U)``, and its ring peers
    (same ``u``, other ``g``) hold the same heads of the other blocks: the ring's precondition.
 2. **Ring attention** over the ring group (``R > 1``, :mod:`.ring`, contiguous or zigzag blocks),
    or one local call (``R == 1``).
-3. **All-to-all out**: ``[B, U·S_l, H/U, D] -> [B, S_l, H, D]``.
+3. **All-to-all out**: ``[b, S / R, h / U, d] -> [b, S / P, h, d]``.
 
-Constraints: ``H % U == 0`` and ``Hkv % U == 0`` (not ``% (U·R)``: the ring lets ``P`` exceed the
+Constraints: ``h % U == 0`` and ``h_k % U == 0`` (not ``% (U·R)``: the ring lets ``P`` exceed the
 head count); equal shapes on every rank.
 
 **Replicated tokens** (one mode per call), counted once, as part of the rows of q/k/v that every
@@ -62,9 +62,9 @@ class USPAttention(SequenceParallelAttention):
     keyword-only ``groups`` and ``zigzag`` are this package's.
 
     Args:
-        num_heads: query heads ``H``.
-        head_size: head dim ``D``.
-        num_kv_heads: ``Hkv`` (default ``H``; ``H % Hkv == 0``, GQA).
+        num_heads: query heads ``h``.
+        head_size: head dim ``d``.
+        num_kv_heads: ``h_k`` (default ``h``; ``h % h_k == 0``, GQA).
         softmax_scale: default ``head_size ** -0.5``.
         causal: causal attention over the global sequence.
         supported_attention_backends: accepted and kept as an attribute; in sglang it chooses the
@@ -96,7 +96,7 @@ class USPAttention(SequenceParallelAttention):
         *,
         groups: Optional[SequenceParallelGroups] = None,
         zigzag: bool = False,
-        **extra_impl_args,
+        **extra_impl_args: object,
     ):
         super().__init__()
         self._set_heads(num_heads, head_size, num_kv_heads, softmax_scale, causal, supported_attention_backends,
@@ -124,10 +124,10 @@ class USPAttention(SequenceParallelAttention):
         """Attention of this rank's rows of q over the whole sequence.
 
         Args:
-            q: ``[B, S, H, D]``: this rank's shard of the queries, with the replicated rows (if any)
+            q: ``[b, S / P, h, d]``: this rank's shard of the queries, with the replicated rows (if any)
                 at the start or the end.
-            k: ``[B, S + num_replicated_kv_prefix, Hkv, D]``: this rank's shard of the keys.
-            v: ``[B, S + num_replicated_kv_prefix, Hkv, D]``: this rank's shard of the values.
+            k: ``[b, S / P + num_replicated_kv_prefix, h_k, d]``: this rank's shard of the keys.
+            v: ``[b, S / P + num_replicated_kv_prefix, h_k, d]``: this rank's shard of the values.
             attn_mask: sglang's padding mask; not supported here (must be None), kept in the
                 signature so that positional calls line up with sglang's.
             num_replicated_prefix: leading rows of q, k and v that every rank holds whole (see the
@@ -135,12 +135,12 @@ class USPAttention(SequenceParallelAttention):
             num_replicated_suffix: trailing rows of q, k and v that every rank holds whole.
             num_replicated_kv_prefix: leading rows of k and v only that every rank holds whole.
             skip_sequence_parallel_override: this call only, as ``skip_sequence_parallel=True``:
-                q attends k/v ``[B, S_kv, Hkv, D]`` (any length) locally, and the counts are ignored,
+                q attends k/v ``[b, s_k, h_k, d]`` (any length) locally, and the counts are ignored,
                 as in sglang. A single rank (SP size 1) does the same.
-            return_softmax_lse: also return the LSE ``[B, S, H]`` (fp32).
+            return_softmax_lse: also return the LSE ``[b, S / P, h]`` (fp32).
 
         Returns:
-            ``out [B, S, H, D]`` in q's dtype (and ``lse`` when asked).
+            ``out [b, S / P, h, d]`` in q's dtype (and ``lse`` when asked).
         """
         counts = (num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
         if self.skip_sequence_parallel or skip_sequence_parallel_override or self.groups.sp_size == 1:
@@ -164,7 +164,7 @@ class USPAttention(SequenceParallelAttention):
             _split_replicated(x, q_rep_rows + num_replicated_kv_prefix, position) for x in (k, v)
         )
         group, u_rank, u_degree = self.groups.ulysses_group, self.groups.ulysses_rank, self.groups.ulysses_degree
-        # [B, S_l, H, D] -> [B, U·S_l, H/U, D]: the ring block, this rank's heads.
+        # [b, S / P, h, d] -> [b, S / R, h / U, d]: the ring block, this rank's heads.
         q_shard, k_shard, v_shard = all_to_all_4d_packed([q_shard, k_shard, v_shard], 2, 1, group)
         sp_group = self.groups.sp_group  # replicated inputs: the gradient sums every rank's share
         q_rep, k_rep, v_rep = (heads_of_rank(replicated_input(x, sp_group), u_rank, u_degree) for x in (q_rep, k_rep, v_rep))
@@ -172,7 +172,7 @@ class USPAttention(SequenceParallelAttention):
         out, lse = self._attend(q_rep, q_shard, k_rep, k_shard, v_rep, v_shard, position)
         out = out.to(q.dtype)
         rep_rows, shard_rows = _replicated_rows(q_rep.shape[1], q_shard.shape[1], position)
-        # [B, U·S_l, H/U, D] -> [B, S_l, H, D], and the replicated rows' heads from the Ulysses group.
+        # [b, S / R, h / U, d] -> [b, S / P, h, d], and the replicated rows' heads from the Ulysses group.
         out = _heads_to_tokens(out, rep_rows, shard_rows, position, group, sp_group)
         if not return_softmax_lse:
             return out
@@ -198,7 +198,7 @@ class USPAttention(SequenceParallelAttention):
             check_zigzag_rows(u_degree * (q.shape[1] - q_rep_rows), "ulysses_degree x sharded rows per rank")
 
     def _check_local_call(self, q, k, v, attn_mask):
-        """Skip or one rank: q ``[B, S, H, D]`` over k, v ``[B, S_kv, Hkv, D]`` of any length."""
+        """Skip or one rank: q ``[b, S / P, h, d]`` over k, v ``[b, s_k, h_k, d]`` of any length."""
         check_tensors(q=q, k=k, v=v)
         check_4d(q=q, k=k, v=v)
         check_no_attn_mask(attn_mask)
@@ -231,7 +231,7 @@ class USPAttention(SequenceParallelAttention):
 
 
 def _heads_to_tokens(x, rep_rows: slice, shard_rows: slice, position: float, group, sp_group) -> torch.Tensor:
-    """``[B, rows, H/U, ...]`` of this rank's heads -> ``[B, S, H, ...]`` of this rank's tokens.
+    """``[b, rows, h / U, ...]`` of this rank's heads -> ``[b, S / P, h, ...]`` of this rank's tokens.
 
     Sharded rows take the inverse all-to-all; replicated rows (if any) all-gather their heads in the
     Ulysses ``group`` and count once over the SP group in the backward (every ring rank computed them).

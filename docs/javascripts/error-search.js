@@ -82,7 +82,7 @@
     li.className = "md-search-result__item error-search-match";
     const a = document.createElement("a");
     a.className = "md-search-result__link";
-    a.href = new URL(`errors/${entry.id}/`, base).href;
+    a.href = new URL(`errors/${entry.slug}/`, base).href;  // the entry page (errors/<id>/ redirects there)
     const article = document.createElement("article");
     article.className = "md-search-result__article md-typeset";
     const title = document.createElement("h1");

@@ -1,16 +1,16 @@
 """Attention of one sequence over a set of keys, with its log-sum-exp: the math at the centre.
 
-For query row ``i``, query head ``h`` (served by key/value head ``g(h) = h // (H / H_k)``, GQA)::
+For query row ``i``, query head ``head`` (served by KV head ``kv_head = head // g``, ``g = h / h_k``, GQA)::
 
     s_ij   = q_i · k_j  (+ qv_i · v_j  when qv is given;  only qv_i · v_j  when only_qv)
     ℓ_ij   = scale · s_ij                                 (softcap = 0)
            = softcap · tanh(scale · s_ij / softcap)       (softcap > 0, applied before masking)
     ℓ_ij   = -inf where key j is not visible to row i
-    lse_i  = log( Σ_j e^{ℓ_ij} + e^{σ_h} )                (σ_h: the sink logit, if any)
+    lse_i  = log( Σ_j e^{ℓ_ij} + e^{sink_head} )          (sink_head: the head's sink logit, if any)
     out_i  = Σ_j e^{ℓ_ij - lse_i} v_j
 
 All of it in fp32 whatever the input dtype. A row with no visible key (and no sink) gives
-``out = 0`` and ``lse = -inf``; with a sink it gives ``out = 0`` and ``lse = σ_h``.
+``out = 0`` and ``lse = -inf``; with a sink it gives ``out = 0`` and ``lse = sink_head``.
 
 Query rows are processed in tiles of :data:`ROWS_PER_TILE` (fewer when a tile's score tensor would
 exceed :data:`MAX_SCORE_ELEMENTS`, so memory stays bounded: a 32k-token prefill never materialises
@@ -101,7 +101,7 @@ def _rows(x: torch.Tensor, i: int, n: int, start: int) -> torch.Tensor:
 
 
 def _dequantize(call: KVCacheCall, i: int, q, k, v):
-    """fp8 inputs: ``x * x_descale[i, g]`` per KV head ``g`` (q's factor repeated over its query heads)."""
+    """fp8 inputs: ``x * x_descale[i, kv_head]`` per KV head ``kv_head`` (q's factor repeated over its query heads)."""
     group = call.num_heads // call.num_heads_k
 
     def scaled(x, descale, repeat):
@@ -142,7 +142,7 @@ def attention_with_lse(
         softcap: logits ``softcap * tanh(softmax_scale * s / softcap)`` before masking (0: off).
         qv: ``(sq, h, dv)`` extra query part dotted with V (MLA), or None.
         only_qv: logits from ``qv·v`` only (``q`` and ``k`` are not read).
-        sinks: ``(h,)`` sink logits σ_h (final-logit space), or None.
+        sinks: ``(h,)`` sink logits ``sinks[head]`` (final-logit space), or None.
         key_offset: position of ``k[0]`` in the whole sequence of keys.
         seqlen_k: length of the whole sequence of keys (default ``n``).
 

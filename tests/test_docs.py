@@ -170,10 +170,8 @@ def test_docs_use_the_notation_page_symbols():
 
 #: In docstrings also sglang's upper-case shape letters, which docs/notation.md spells b, s_q, s_k, d_v.
 DOCSTRING_RETIRED = {**RETIRED, r"\[B, |\bSq\b|\bSk\b|\bDv\b": "[b, s_q, h, d], d_v (S / P: a rank's block)"}
-#: Where docstrings follow docs/notation.md. attn_ref/attention.py is issue 26's (its module docstring
-#: still says ``H_k`` and ``σ_h``): add it when that lands.
-DOCSTRING_SOURCES = [p for p in sorted((ROOT / "attn_ref").rglob("*.py")) + sorted((ROOT / "kernels").rglob("*.py"))
-                     if p != ROOT / "attn_ref" / "attention.py"]
+#: Where docstrings follow docs/notation.md: every module of the two implementations.
+DOCSTRING_SOURCES = sorted((ROOT / "attn_ref").rglob("*.py")) + sorted((ROOT / "kernels").rglob("*.py"))
 
 
 def docstrings(path: Path) -> list[tuple[int, str]]:

@@ -59,7 +59,7 @@ def gather_range(
 
     What :func:`gather_cache` reads for ``positions = arange(start, end)``, fetched in whole rows: a
     view of a contiguous cache, or a copy of the pages that hold the range (one ``index_select`` of
-    ``P``-token pages instead of one per token: the reference's key and value read).
+    ``page_size``-token pages instead of one per token: the reference's key and value read).
     """
     if page_table is None:
         return cache[row, start:end]

@@ -15,19 +15,17 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from .launch import INTERPRETING
-
 
 def interpreter_requested(environ: Mapping[str, str]) -> bool:
     """Whether ``environ`` asks for Triton's interpreter (``TRITON_INTERPRET`` set, not empty or 0)."""
     return environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def require_backend(arguments: Iterable, interpreting: bool = INTERPRETING,
-                    environ: Mapping[str, str] = os.environ) -> None:
+def require_backend(arguments: Iterable, interpreting: bool, environ: Mapping[str, str] = os.environ) -> None:
     """Raise unless the kernels can take ``arguments`` (a launch's runtime arguments): in the
     interpreter anything goes; otherwise no tensor may be on the CPU. ``interpreting`` is whether the
-    kernels were decorated for the interpreter; ``environ`` tells a late ``TRITON_INTERPRET`` apart."""
+    kernels were decorated for the interpreter (:data:`kernels.launch.INTERPRETING`); ``environ`` tells a
+    late ``TRITON_INTERPRET`` apart."""
     if interpreting or not any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in arguments):
         return
     if interpreter_requested(environ):

@@ -21,8 +21,10 @@ from typing import Any
 import torch
 import triton.language as tl
 
+from .backend import interpreter_requested, require_backend
+
 #: True when Triton runs kernels through its numpy interpreter (decided at import time, as Triton does).
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRETING = interpreter_requested(os.environ)
 
 #: Streaming multiprocessors assumed by the split heuristic in the interpreter: a tiny "device", so
 #: that ``num_splits=0`` exercises splitting on small CPU test shapes without launching many programs.
@@ -60,11 +62,9 @@ class Launch:
         return {k: (dummy if v is None else v) for k, v in self.args.items()}
 
     def run(self) -> None:
-        from .backend import require_backend  # backend.py reads INTERPRETING from here
-
         if min(self.grid) == 0:
             return
-        require_backend(self.args.values())
+        require_backend(self.args.values(), INTERPRETING)
         self.kernel[self.grid](
             **self.runtime_args(), **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
         )

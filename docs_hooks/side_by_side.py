@@ -74,7 +74,7 @@ class Piece:
     last: int  # 1-based last line
     text: list[str]  # source lines first..last, dedented
     html: list[str]  # the same lines, highlighted (one HTML fragment per line)
-    starts: dict[int, ast.stmt]  # line -> the outermost statement that starts on it
+    statements: list[ast.stmt]  # every statement of the definition, itself included
     docstrings: set[int]  # lines of docstrings (skipped without a `...`)
 
     @classmethod
@@ -85,22 +85,15 @@ class Piece:
             raise PluginError(f"pairs: expected 'path qualname', got {spec!r}")
         source = file.read_text(encoding="utf-8")
         node = _definition(ast.parse(source), qualname, path)
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        first = _first_line(node)
         lines = source.splitlines()[first - 1 : node.end_lineno]
         indent = len(lines[0]) - len(lines[0].lstrip())
         text = [line[indent:] if not line[:indent].strip() else line.lstrip() for line in lines]
         highlighted = highlight("\n".join(text) + "\n", PythonLexer(stripnl=False), HtmlFormatter(nowrap=True))
-        starts: dict[int, ast.stmt] = {}
-        docstrings: set[int] = set()
-        for stmt in ast.walk(node):
-            if not isinstance(stmt, ast.stmt):
-                continue
-            for line in {stmt.lineno, min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])}:
-                if line not in starts or stmt.end_lineno > starts[line].end_lineno:
-                    starts[line] = stmt
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and ast.get_docstring(stmt):
-                docstrings.update(range(stmt.body[0].lineno, stmt.body[0].end_lineno + 1))
-        return cls(path, qualname, first, node.end_lineno, text, highlighted.split("\n")[: len(text)], starts, docstrings)
+        statements = [stmt for stmt in ast.walk(node) if isinstance(stmt, ast.stmt)]
+        docstrings = {line for stmt in statements if isinstance(stmt, DEFINITIONS) and ast.get_docstring(stmt)
+                      for line in range(stmt.body[0].lineno, stmt.body[0].end_lineno + 1)}
+        return cls(path, qualname, first, node.end_lineno, text, highlighted.split("\n")[: len(text)], statements, docstrings)
 
     def line(self, number: int) -> str:
         return self.text[number - self.first]
@@ -113,14 +106,29 @@ class Piece:
         return None
 
     def statement_end(self, number: int, whole: bool) -> int:
-        """The last line of the statement starting on ``number`` (only its header unless ``whole``)."""
-        stmt = self.starts.get(number)
-        if stmt is None:
+        """The last line of the innermost statement on line ``number``: the end of a simple statement;
+        of a compound one only its header (all of it if ``whole`` and it starts on ``number``); a line
+        of a compound statement outside its header and its children (``else:``) is itself."""
+        around = [s for s in self.statements if _first_line(s) <= number <= s.end_lineno]
+        if not around:
             return number
+        stmt = min(around, key=lambda s: s.end_lineno - _first_line(s))
         body = getattr(stmt, "body", None)
-        if whole or not body or not isinstance(body, list):
+        if not isinstance(body, list) or not body:
             return stmt.end_lineno
-        return max(number, body[0].lineno - 1)  # a docstring is body[0]: the header ends before it
+        if whole and number == _first_line(stmt):
+            return stmt.end_lineno
+        if number < body[0].lineno:
+            return max(number, body[0].lineno - 1)  # a docstring is body[0]: the header ends before it
+        return number
+
+
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _first_line(stmt: ast.stmt) -> int:
+    """A statement's first line, its decorators included."""
+    return min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
 
 
 def _definition(module: ast.Module, qualname: str, path: str) -> ast.stmt:
@@ -164,7 +172,7 @@ class Side:
                 stop = piece.find(stop_text, start)
                 if stop is None:
                     raise PluginError(f"pairs: {piece.qualname} ({piece.path}) has no line containing {stop_text!r} after {start_text!r}")
-                end = max(stop, piece.statement_end(stop, whole=False))
+                end = piece.statement_end(stop, whole=False)
             self.index, self.cursor = index, end + 1
             trimmed = stop_text is None and not whole and end - start + 1 > MAX_HEADER_LINES
             return piece, start, end, trimmed
@@ -195,10 +203,12 @@ def _elision(indent: str) -> str:
 
 
 def _cell_lines(parts: list[tuple[Piece, int, int, bool]], previous: tuple[Piece, int] | None) -> list[str]:
-    """HTML lines of one cell; ``previous``: the piece and last line the side's previous row showed."""
+    """HTML lines of one cell; ``previous``: the piece and last line the side's previous row showed.
+    Code skipped since then (or since the start of a piece not shown before) becomes a ``...`` line."""
     out: list[str] = []
     for piece, start, end, trimmed in parts:
-        if previous is not None and previous[0] is piece and _has_code(piece, previous[1] + 1, start - 1):
+        shown_to = previous[1] if previous is not None and previous[0] is piece else piece.first - 1
+        if _has_code(piece, shown_to + 1, start - 1):
             out.append(_elision(_indent(piece.line(start))))
         numbers = [start, None, end] if trimmed else list(range(start, end + 1))
         for number in numbers:

@@ -376,45 +376,6 @@ def test_api_reference_gives_every_parameter_a_type(site):
     assert not untyped, "\n".join(untyped)
 
 
-PAIR = re.compile(r'<div class="side-by-side" markdown>\n\n=== "Reference"\n(?P<ref>.*?)\n=== "Kernel"\n(?P<kernel>.*?)\n</div>', re.S)
-
-
-#: Pairs whose names differ on purpose: two instances of one class, each a public name of its package.
-PAIRS_NAMED_APART = {("REFERENCE_BACKEND", "KERNEL_BACKEND")}
-
-
-def paired_name(qualname: str) -> str:
-    """The name a piece pairs under: ``_split_states_kernel``, ``plan_attend`` -> ``split_states``, ``attend``."""
-    name = qualname.rsplit(".", 1)[-1].lstrip("_")
-    return name.removeprefix("plan_").removesuffix("_kernel")
-
-
-def test_side_by_side_pairs_are_whole_pieces_of_one_name_and_similar_size():
-    pairs = []
-    for md in sorted((ROOT / "docs" / "side-by-side").glob("*.md")):
-        for pair in PAIR.finditer(md.read_text(encoding="utf-8")):
-            sizes, names = {}, {}
-            for side, package in (("ref", "attn_ref/"), ("kernel", "kernels/")):
-                includes = list(DIRECTIVE.finditer(pair[side]))
-                assert includes and all(m["path"].startswith(package) for m in includes), (md.name, pair[side])
-                assert not any(m["start"] or m["stop"] for m in includes), f"{md.name}: a pair shows whole pieces"
-                sizes[side] = sum(end - start + 1 for start, end in (include_lines(ROOT, m) for m in includes))
-                names[side] = includes[0]["name"]
-            if (names["ref"], names["kernel"]) not in PAIRS_NAMED_APART:
-                assert paired_name(names["ref"]) == paired_name(names["kernel"]), (md.name, names)
-            pairs.append((md.name, names["ref"], sizes["ref"], sizes["kernel"]))
-    assert len(pairs) >= 10
-    uneven = [p for p in pairs if max(p[2:]) > 2.5 * min(p[2:])]
-    assert not uneven, f"(page, piece, reference lines, kernel lines) more than 2.5x apart: {uneven}"
-
-
-def test_paired_name_rule():
-    assert paired_name("_split_states_kernel") == paired_name("_split_states") == "split_states"
-    assert paired_name("plan_attend") == paired_name("attend") == "attend"
-    assert paired_name("UlyssesAttention.forward") == "forward"
-    assert paired_name("_merge_pair") != paired_name("merge_attention_states")
-
-
 def entry_html(site: Path, entry: dict) -> str:
     """The built page of a catalog entry: ``errors/<slug>/``."""
     return (site / "errors" / entry["slug"] / "index.html").read_text(encoding="utf-8")
@@ -725,37 +686,49 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
     assert browser.problems() == []
 
 
-#: For each pair on the page: the boxes of its visible columns and whether any code line is cut.
-PAIR_LAYOUT = """() => [...document.querySelectorAll(".side-by-side")].map(pair => {
-  const blocks = [...pair.querySelectorAll(":scope > .tabbed-set > .tabbed-content > .tabbed-block")]
-    .filter(b => b.getClientRects().length);
-  const cut = [...pair.querySelectorAll("pre > code")].some(c => c.getClientRects().length && c.scrollWidth > c.clientWidth + 1);
-  return {columns: blocks.map(b => b.getBoundingClientRect().x), cut};
+#: Per row of the pages' side-by-side grids (docs_hooks/side_by_side.py): the boxes of its shown code
+#: cells, and whether any code line may wrap.
+ROW_LAYOUT = """() => [...document.querySelectorAll(".sbs-row:not(.sbs-heads)")].map(row => {
+  const cells = [...row.querySelectorAll(".sbs-cell")].filter(c => c.getClientRects().length);
+  const boxes = cells.map(c => c.getBoundingClientRect());
+  const wraps = [...row.querySelectorAll("pre > code")].some(c => getComputedStyle(c).whiteSpace !== "pre");
+  return {tops: boxes.map(b => Math.round(b.y)), lefts: boxes.map(b => Math.round(b.x)), wraps};
 })"""
+ROW_BACKGROUNDS = """() => [...document.querySelectorAll(".sbs-row:not(.sbs-heads)")].map(r => getComputedStyle(r).backgroundColor)"""
 OVERFLOW = "() => document.documentElement.scrollWidth - window.innerWidth"
+SIDE_BY_SIDE_PAGES = ["call", "addressing", "attention", "split-kv", "sequence-parallel", "backward"]
 
-
-def test_browser_side_by_side_columns_and_narrow_screens(browser, catalog):
-    """Two columns, no line cut, from 1400 px down to 1000 px; tabs on a phone; the error index and
-    an error page read at 420 px. ATTN_REF_DOCS_SHOTS=<dir> also saves screenshots there."""
+def test_browser_side_by_side_rows_align_and_narrow_screens(browser, catalog):
+    """Every side-by-side page: from 1400 px down to 1000 px each row's two cells stand side by side at
+    one height; at 420 px they stack (reference over kernel); code never wraps (a cell scrolls) and
+    the page never scrolls sideways. Pointing at a row marks that row only, its own counterparts. The
+    error index and an error page read at 420 px. ATTN_REF_DOCS_SHOTS=<dir> saves screenshots there."""
     shots = os.environ.get("ATTN_REF_DOCS_SHOTS")
     page, entry = browser.page, catalog["errors"][0]
     for width in (1400, 1000, 420):
         page.set_viewport_size({"width": width, "height": 1000})
-        browser.open("/side-by-side/attention/")
-        layout = page.evaluate(PAIR_LAYOUT)
-        assert len(layout) >= 5
-        for pair in layout:
-            assert len(pair["columns"]) == (2 if width >= 1000 else 1), (width, pair)
-            assert not pair["cut"], (width, "a code line is cut")
-        assert page.evaluate(OVERFLOW) <= 0, width
-        if shots:
-            page.screenshot(path=f"{shots}/side-by-side_{width}.png")
+        for name in SIDE_BY_SIDE_PAGES:
+            browser.open(f"/side-by-side/{name}/")
+            rows = page.evaluate(ROW_LAYOUT)
+            assert len(rows) >= 4, name
+            for number, row in enumerate(rows):
+                assert not row["wraps"], (name, number)
+                if width >= 1000:
+                    assert len(row["tops"]) == 2 and row["tops"][0] == row["tops"][1], (width, name, number, row)
+                    assert row["lefts"][0] < row["lefts"][1], (width, name, number, row)
+                else:
+                    assert len(set(row["lefts"])) == 1 and row["tops"] == sorted(row["tops"]), (width, name, number, row)
+            assert page.evaluate(OVERFLOW) <= 0, (width, name)
+            if shots and name == "attention":
+                page.screenshot(path=f"{shots}/side-by-side_{width}.png")
     page.set_viewport_size({"width": 1400, "height": 1000})
     browser.open("/side-by-side/attention/")
-    # Pointing at a reference line that uses `softcap` highlights the kernel lines that use it.
-    page.locator(".side-by-side .tabbed-block").first.locator("code > span[id]", has_text="softcap").first.hover()
-    assert page.locator(".side-by-side .tabbed-block").nth(1).locator(".sbs-line-match").count() > 0
+    page.mouse.move(0, 0)
+    before = page.evaluate(ROW_BACKGROUNDS)
+    page.locator(".sbs-row:not(.sbs-heads) .sbs-reference code").nth(2).hover()
+    after = page.evaluate(ROW_BACKGROUNDS)
+    changed = [n for n, (a, b) in enumerate(zip(before, after)) if a != b]
+    assert len(changed) == 1, changed
     page.set_viewport_size({"width": 420, "height": 900})
     for path in ("/errors/", f"/errors/{entry['slug']}/"):
         browser.open(path)

@@ -122,6 +122,13 @@ class Piece:
             return max(number, body[0].lineno - 1)  # a docstring is body[0]: the header ends before it
         return number
 
+    def decorated_start(self, number: int) -> int:
+        """``number``, or the first decorator's line when ``number`` is the ``def`` line of a decorated definition."""
+        for stmt in self.statements:
+            if isinstance(stmt, DEFINITIONS) and stmt.lineno == number:
+                return _first_line(stmt)
+        return number
+
 
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -141,41 +148,36 @@ def _definition(module: ast.Module, qualname: str, path: str) -> ast.stmt:
     return node
 
 
-@dataclass
-class Excerpt:
-    """Lines of one piece shown in a cell: ``(line number, trimmed)`` ranges."""
-
-    piece: Piece
-    ranges: list[tuple[int, int, bool]]  # (first, last, trimmed header)
-
-
 class Side:
     """The pieces of one side and how far the rows have read them."""
 
     def __init__(self, pieces: list[Piece]):
         self.pieces, self.index, self.cursor = pieces, 0, pieces[0].first
 
-    def take(self, spec) -> list[tuple[Piece, int, int, bool]]:
+    def take(self, spec) -> list[tuple[Piece, int, int, int | None]]:
         specs = spec if isinstance(spec, list) else [spec]
         return [self._one(s) for s in specs]
 
-    def _one(self, spec) -> tuple[Piece, int, int, bool]:
+    def _one(self, spec) -> tuple[Piece, int, int, int | None]:
+        """``(piece, first line, last line, trimmed)``: ``trimmed``, the last line shown before a ``...``
+        that stands for the rest of a long statement (its last line is shown after it), or None."""
         start_text, stop_text, whole = _parse_spec(spec)
         for index in range(self.index, len(self.pieces)):
             piece = self.pieces[index]
-            start = piece.find(start_text, self.cursor if index == self.index else piece.first)
-            if start is None:
+            found = piece.find(start_text, self.cursor if index == self.index else piece.first)
+            if found is None:
                 continue
+            start = piece.decorated_start(found)
             if stop_text is None:
-                end = piece.statement_end(start, whole)
+                end = piece.statement_end(found, whole)
             else:
-                stop = piece.find(stop_text, start)
+                stop = piece.find(stop_text, found)
                 if stop is None:
                     raise PluginError(f"pairs: {piece.qualname} ({piece.path}) has no line containing {stop_text!r} after {start_text!r}")
                 end = piece.statement_end(stop, whole=False)
             self.index, self.cursor = index, end + 1
-            trimmed = stop_text is None and not whole and end - start + 1 > MAX_HEADER_LINES
-            return piece, start, end, trimmed
+            long = stop_text is None and not whole and end - found + 1 > MAX_HEADER_LINES
+            return piece, start, end, found if long else None
         names = ", ".join(f"{p.path} {p.qualname}" for p in self.pieces[self.index :])
         raise PluginError(f"pairs: no line containing {start_text!r} in {names} after line {self.cursor}")
 
@@ -202,7 +204,7 @@ def _elision(indent: str) -> str:
     return f'<span class="sbs-ln"></span>{indent}<span class="sbs-elided">...</span>'
 
 
-def _cell_lines(parts: list[tuple[Piece, int, int, bool]], previous: tuple[Piece, int] | None) -> list[str]:
+def _cell_lines(parts: list[tuple[Piece, int, int, int | None]], previous: tuple[Piece, int] | None) -> list[str]:
     """HTML lines of one cell; ``previous``: the piece and last line the side's previous row showed.
     Code skipped since then (or since the start of a piece not shown before) becomes a ``...`` line."""
     out: list[str] = []
@@ -210,10 +212,10 @@ def _cell_lines(parts: list[tuple[Piece, int, int, bool]], previous: tuple[Piece
         shown_to = previous[1] if previous is not None and previous[0] is piece else piece.first - 1
         if _has_code(piece, shown_to + 1, start - 1):
             out.append(_elision(_indent(piece.line(start))))
-        numbers = [start, None, end] if trimmed else list(range(start, end + 1))
+        numbers = [*range(start, trimmed + 1), None, end] if trimmed else list(range(start, end + 1))
         for number in numbers:
             if number is None:
-                out.append(_elision(_indent(piece.line(start)) + "    "))
+                out.append(_elision(_indent(piece.line(trimmed)) + "    "))
             else:
                 out.append(f'<span class="sbs-ln">{number}</span>{piece.html[number - piece.first]}')
         previous = (piece, end)

@@ -38,6 +38,7 @@ def softmax_rows(x):
 '''
 
 KERNEL = '''\
+@jit
 def softmax_rows_kernel(
     x_ptr,  # (n, m)
     out_ptr,  # (n, m)
@@ -99,8 +100,8 @@ def test_a_text_shows_its_statement_and_a_compound_statement_its_header(root):
           kernel: "for block in"
         '''), root))
     assert rows[0] == {"reference": ["...", "7     m = x.max(dim=-1, keepdim=True).values"],  # the def was skipped
-                       "kernel": ["...", "11     m = max(x)"]}
-    assert rows[1]["kernel"] == ["12     for block in range(BLOCK):"]  # the header only, not its body
+                       "kernel": ["...", "12     m = max(x)"]}
+    assert rows[1]["kernel"] == ["13     for block in range(BLOCK):"]  # the header only, not its body
 
 
 def test_a_long_statement_or_header_is_trimmed_and_from_to_is_not(root):
@@ -112,7 +113,7 @@ def test_a_long_statement_or_header_is_trimmed_and_from_to_is_not(root):
           reference: {from: "total = p.sum", to: "keepdim=True"}
           kernel: null
         '''), root))
-    assert rows[0]["kernel"] == ["1 def softmax_rows_kernel(", "...", "7 ):"]
+    assert rows[0]["kernel"] == ["1 @jit", "2 def softmax_rows_kernel(", "...", "8 ):"]  # decorators kept
     assert rows[0]["reference"] == ["4 def softmax_rows(x):"]
     # to: the end of the statement holding the line (the call's closing parenthesis), untrimmed
     assert rows[1]["reference"] == ["...", "9     total = p.sum(", "10         dim=-1,", "11         keepdim=True,", "12     )"]
@@ -125,7 +126,7 @@ def test_from_alone_takes_the_body_and_a_list_marks_its_gaps(root):
           reference: ["m = x.max", "return p / total"]
           kernel: {from: "for block in"}
         '''), root))
-    assert rows[0]["kernel"] == ["...", "12     for block in range(BLOCK):", "13         p = exp(x - m)", "14         store(out_ptr, p)"]
+    assert rows[0]["kernel"] == ["...", "13     for block in range(BLOCK):", "14         p = exp(x - m)", "15         store(out_ptr, p)"]
     assert rows[0]["reference"] == ["...", "7     m = x.max(dim=-1, keepdim=True).values", "...", "13     return p / total"]
 
 
@@ -138,7 +139,7 @@ def test_skipping_only_comments_and_docstrings_shows_no_ellipsis(root):
           reference: "m = x.max"
           kernel: "row = program_id"
         '''), root))
-    assert rows[1] == {"reference": ["7     m = x.max(dim=-1, keepdim=True).values"], "kernel": ["9     row = program_id(0)"]}
+    assert rows[1] == {"reference": ["7     m = x.max(dim=-1, keepdim=True).values"], "kernel": ["10     row = program_id(0)"]}
 
 
 def test_rows_read_on_from_the_previous_row(root):

@@ -123,9 +123,10 @@ class Piece:
         return number
 
     def decorated_start(self, number: int) -> int:
-        """``number``, or the first decorator's line when ``number`` is the ``def`` line of a decorated definition."""
+        """``number``, or the first decorator's line when ``number`` is the ``def`` line of a definition
+        with short decorators (at most two lines; longer ones are left out and marked ``...``)."""
         for stmt in self.statements:
-            if isinstance(stmt, DEFINITIONS) and stmt.lineno == number:
+            if isinstance(stmt, DEFINITIONS) and stmt.lineno == number and number - _first_line(stmt) <= 2:
                 return _first_line(stmt)
         return number
 

@@ -677,14 +677,20 @@ def real_errors() -> list[BaseException]:
     ]
 
 
-def first_search_result(browser, text: str) -> str:
-    """Paste ``text`` into Material's search box; the link of the first result once the catalog's
-    match is shown (error-search.js adds it when the message matches an entry's regex)."""
+def pasted_search_results(browser, text: str, count: int) -> list[str]:
+    """Paste ``text`` into Material's search box; the links of the first ``count`` results once the
+    catalog's matches are shown (error-search.js adds them when the text matches an entry's regex, or
+    is a fragment of its messages)."""
     page = browser.page
     page.locator("label.md-search__icon, .md-search__input").first.click()
     page.locator("input.md-search__input").fill(text)  # a paste: one input event with the whole text
-    page.locator(".md-search-result__list > .error-search-match").wait_for(timeout=10_000)
-    return page.locator(".md-search-result__item").first.locator("a").first.get_attribute("href") or ""
+    page.locator(".md-search-result__list > .error-search-match").first.wait_for(timeout=10_000)
+    items = page.locator(".md-search-result__item")
+    return [items.nth(n).locator("a").first.get_attribute("href") or "" for n in range(min(count, items.count()))]
+
+
+def first_search_result(browser, text: str) -> str:
+    return pasted_search_results(browser, text, 1)[0]
 
 
 def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
@@ -722,6 +728,51 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
     first = browser.page.locator(".md-search-result__item").first
     first.wait_for(timeout=15_000)
     assert "only_qv" in first.inner_text().replace("\u200b", "")
+    assert browser.problems() == []
+
+
+#: Fragments of messages as a user remembers or copies them (a middle part, with or without the tensor
+#: name, with the numbers a real run prints, upstream's wordings), each with the entries it must list
+#: first: several where the fragment is in messages of several entries.
+MESSAGE_FRAGMENTS = {
+    "must have contiguous last dimension": {"arguments/non-contiguous-last-dim", "upstream/not-contiguous"},
+    "k_cache must have contiguous": {"arguments/non-contiguous-last-dim"},  # FA3's wording, cut short
+    "cache_seqlens must have dtype": {"arguments/wrong-dtype"},
+    "disagree on": {"sequence-parallel/ranks-disagree"},
+    "ValueError: group disagree on q dtype (rank 0: torch.float16, rank 1:": {"sequence-parallel/ranks-disagree"},
+    "every rank must make the same call": {"sequence-parallel/ranks-disagree"},
+    "page_size >= 1, got page_size 0": {"paged/zero-page-size"},
+    "exceeds the cache capacity (8 tokens per sequence)": {"kv-cache/capacity-exceeded"},
+    "cache_seqlens (8) + new tokens (1)": {"kv-cache/capacity-exceeded"},
+    "must be a torch.Tensor, got list": {"arguments/not-a-tensor", "sequence-parallel/not-a-tensor"},
+    "Replicated Q, K, and V must be": {"sequence-parallel/replicated-qkv-together"},
+    "num_splits must be an int <= 256": {"options/bad-num-splits"},
+    "need 0 <= cache_leftpad <= cache_seqlens": {"kv-cache/leftpad-exceeds-seqlens"},
+    "values must lie in [0, 4), got": {"kv-cache/index-out-of-range"},
+    "zigzag ring is meaningless": {"upstream/ring-needs-causal"},  # ring-flash-attention's assert
+    "head dimension at most 256": {"upstream/head-dim-too-large"},  # FlashAttention's check
+    "only supports ver=3, got 2": {"kv-cache/unsupported-ver"},  # sglang's wrapper
+}
+
+
+def test_browser_message_fragments_find_their_entries_first(browser, catalog):
+    printed = " ".join(str(exc) for exc in real_errors())
+    for fragment in ("cache_seqlens (8) + new tokens (1)", "exceeds the cache capacity (8 tokens per sequence)",
+                     "must be a torch.Tensor, got list", "num_splits must be an int <= 256"):
+        assert fragment in printed, fragment  # as a real run prints it
+    assert len({slug for slugs in MESSAGE_FRAGMENTS.values() for slug in slugs}) >= 10
+    page = browser.open("/")
+    missed = {}
+    for fragment, slugs in MESSAGE_FRAGMENTS.items():
+        assert all(cat.get(slug) for slug in slugs)
+        assert cat.lookup(fragment, catalog) is None, f"{fragment!r} is a whole message, not a fragment"
+        found = [href.rstrip("/").split("errors/", 1)[-1] for href in pasted_search_results(browser, fragment, len(slugs))]
+        if set(found) != slugs:
+            missed[fragment] = found
+    assert not missed, missed
+    # Concept words are no fragment: they keep the site's own ranking (the concept pages first).
+    for words in CONCEPT_WORDS + ["sequence parallel", "KV cache", "paged KV cache"]:
+        assert page.evaluate("words => attnRefErrorSearch.matches(words)", words) == [], words
     assert browser.problems() == []
 
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import typing
 from pathlib import Path
 
 import pytest
@@ -284,12 +285,181 @@ def test_every_api_page_is_listed():
 @pytest.mark.parametrize("page", API_PAGES)
 def test_api_reference_examples_run(page):
     """The examples of docs/reference/<page>.md, run top to bottom as one script (their asserts hold)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8"), re.S)
-    assert blocks, page
-    result = subprocess.run([sys.executable, "-c", "\n".join(blocks)], cwd=ROOT, capture_output=True, text=True,
+    script = page_script(page)
+    assert script, page
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                             timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
 
+
+def page_script(page: str) -> str:
+    """The Python examples of docs/reference/<page>.md as one script, as test_api_reference_examples_run runs them."""
+    markdown = (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8")
+    return "\n".join(re.findall(r"```python\n(.*?)```", markdown, re.S))
+
+
+def _owner(cls: type, attribute: str) -> type:
+    """The class of ``cls.__mro__`` that defines ``attribute`` (``cls`` for an instance attribute)."""
+    return next((c for c in cls.__mro__ if attribute in vars(c)), cls)
+
+
+def _hint(owner, name: str):
+    """The annotated type of ``owner``'s ``name`` (a field, a property's or a function's return), where
+    it is a class (``Optional[C]``: ``C``, what the value is where it is set)."""
+    try:
+        if inspect.isclass(owner):
+            found = inspect.getattr_static(owner, name, None)
+            hints = typing.get_type_hints(found.fget if isinstance(found, property) else owner)
+            hint = hints.get("return") if isinstance(found, property) else hints.get(name)
+        else:
+            hint = typing.get_type_hints(owner).get("return")
+    except Exception:  # an annotation that does not evaluate: no type
+        return None
+    if typing.get_origin(hint) is typing.Union:
+        classes = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        hint = classes[0] if len(classes) == 1 else None
+    return hint if inspect.isclass(hint) else None
+
+
+class ExampleUses(ast.NodeVisitor):
+    """What a script of examples does with the objects it imports, found from its code (not by running it).
+
+    Names are followed through ``import``/``from ... import`` (``sp.ring_attention`` is the object
+    ``attn_ref.sequence_parallel.ring_attention``), and values through their annotations: ``x = f(...)``
+    is an instance of ``f``'s annotated return class, ``x.field`` of the field's class. The script
+    *calls* an object where a call (or a decorator) names it; it *uses* a class where it constructs
+    it, catches it (``except``), or reads or calls an attribute of the class or of an instance of it
+    (``report.status(...)``; an inherited attribute is a use of the class that defines it); it
+    *reads* a constant where an expression names it. Code in a function counts only when the script
+    calls (or passes) that function.
+    """
+
+    def __init__(self, script: str):
+        tree = ast.parse(script)
+        self.names: dict[str, object] = {}  # imported names -> their objects
+        self.types: dict[str, type] = {}  # variables -> the class of their value, where annotated
+        self.called, self.used, self.read = [], set(), []  # objects; classes; (name, object)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                self._bind(node)
+        self._loads: list[ast.Name] = []  # names the counted code reads
+        functions = {node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self._skipped = set(functions)
+        self.visit(tree)
+        # A function counts once the code that counts names it (a call, a callback): until nothing changes.
+        while True:
+            named = {n.id for n in self._loads if isinstance(n, ast.Name)} & self._skipped
+            if not named:
+                break
+            self._skipped -= named
+            for name in named:
+                for statement in functions[name].body:
+                    self.visit(statement)
+
+    def _bind(self, node) -> None:
+        for alias in node.names:
+            if isinstance(node, ast.Import):
+                module = importlib.import_module(alias.name)
+                self.names[alias.asname or alias.name.split(".")[0]] = module if alias.asname else sys.modules[alias.name.split(".")[0]]
+            elif node.level == 0 and alias.name != "*":
+                module = importlib.import_module(node.module)
+                try:
+                    found = getattr(module, alias.name)
+                except AttributeError:
+                    found = importlib.import_module(f"{node.module}.{alias.name}")
+                self.names[alias.asname or alias.name] = found
+
+    def value(self, node):
+        """The object an expression names: an imported name and attributes of it (of modules and classes only)."""
+        if isinstance(node, ast.Name):
+            return self.names.get(node.id)
+        if isinstance(node, ast.Attribute):
+            owner = self.value(node.value)
+            if inspect.ismodule(owner) or inspect.isclass(owner):
+                return getattr(owner, node.attr, None)
+        return None
+
+    def type_of(self, node):
+        """The class of an expression's value, where its code and annotations say it."""
+        if isinstance(node, ast.Name):
+            return self.types.get(node.id)
+        if isinstance(node, ast.Call):
+            function = self.value(node.func)
+            if inspect.isclass(function):
+                return function
+            if callable(function):
+                return _hint(function, "return")
+            cls = self.type_of(node.func.value) if isinstance(node.func, ast.Attribute) else None
+            return _hint(getattr(cls, node.func.attr, None), "return") if cls else None
+        if isinstance(node, ast.Attribute):
+            cls = self.type_of(node.value)
+            return _hint(cls, node.attr) if cls else None
+        return None
+
+    def generic_visit(self, node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:  # applying a decorator calls it
+                self._call(decorator)
+                self.visit(decorator)
+            if node.name in self._skipped:
+                return
+        if isinstance(node, ast.Lambda):
+            return
+        super().generic_visit(node)
+
+    def _call(self, function) -> None:
+        found = self.value(function)
+        if found is not None:
+            self.called.append(found)
+            if inspect.isclass(found):
+                self.used.add(found)
+
+    def visit_Call(self, node):
+        self._call(node.func)
+        cls = self.type_of(node.func)  # an instance called (a layer): a use of its class
+        if cls is not None:
+            self.used.add(cls)
+        self.generic_visit(node)
+
+    def visit_Assign(self, node):
+        cls = self.type_of(node.value)
+        for target in node.targets:
+            if isinstance(target, ast.Name) and cls is not None:
+                self.types[target.id] = cls
+        self.generic_visit(node)
+
+    def visit_ExceptHandler(self, node):
+        for caught in (node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]):
+            if inspect.isclass(self.value(caught)):
+                self.used.add(self.value(caught))
+        self.generic_visit(node)
+
+    def visit_Name(self, node):
+        if not isinstance(node.ctx, ast.Load):
+            return
+        self._loads.append(node)
+        if node.id in self.names:
+            self.read.append((node.id, self.names[node.id]))
+
+    def visit_Attribute(self, node):
+        owner, cls = self.value(node.value), self.type_of(node.value)
+        if inspect.isclass(owner):
+            self.used.add(_owner(owner, node.attr))
+        elif cls is not None:
+            self.used.add(_owner(cls, node.attr))
+        if self.value(node) is not None:
+            self.read.append((node.attr, self.value(node)))
+        self.generic_visit(node)
+
+    def uses(self, qualname: str) -> bool:
+        """Whether the script calls the function, uses the class or reads the constant ``qualname``."""
+        found = resolve(qualname)
+        if inspect.isclass(found):
+            return found in self.used
+        if callable(found):
+            return any(obj is found for obj in self.called)
+        name = qualname.rsplit(".", 1)[-1]
+        return any(obj is found and seen == name for seen, obj in self.read)
 
 
 def api_sections(site: Path) -> list[tuple[str, str, str]]:
@@ -327,19 +497,61 @@ BOUND_ENTRIES = {"kernels.sequence_parallel.ring_attention"}
 
 def test_api_reference_has_an_example_for_every_entry(site):
     """Every function, class and constant the API reference documents (not modules, not methods) is
-    used by a Python example of its page, which test_api_reference_examples_run executes."""
+    called, used or read (:class:`ExampleUses`) by the Python examples of its page, the script that
+    test_api_reference_examples_run executes."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    without, entries = [], 0
+    without, entries, examples = [], 0, {}
     for page, qualname, _ in api_sections(site):
         parent, name = qualname.rsplit(".", 1)
         if inspect.ismodule(resolve(qualname)) or not inspect.ismodule(resolve(parent)):
             continue
         entries += 1
-        markdown = (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8")
-        if not any(re.search(rf"\b{name}\b", block) for block in re.findall(r"```python\n(.*?)```", markdown, re.S)):
+        if page not in examples:
+            examples[page] = ExampleUses(page_script(page))
+        if not examples[page].uses(qualname):
             without.append(f"{page}: {qualname}")
     assert entries > 60
-    assert not without, "API entries without an example:\n" + "\n".join(without)
+    assert not without, "API entries no example calls (a function), uses (a class) or reads (a constant):\n" + "\n".join(without)
+
+
+def test_example_rule_wants_a_call_a_use_or_a_read():
+    """:class:`ExampleUses` on a sample that does each thing, and on one that only names each entry."""
+    entries = ["attn_ref.split_bounds", "attn_ref.sequence_parallel.shard_positions", "attn_ref.call.KVCacheCall",
+               "attn_ref.call.BatchTable", "errors.CatalogError", "attn_ref.sequence_parallel.SELF_GROUP",
+               "attn_ref.sequence_parallel.layer.SequenceParallelAttention"]
+    good = ExampleUses(textwrap.dedent("""\
+        import attn_ref
+        import errors
+        from attn_ref import sequence_parallel as sp
+        assert attn_ref.split_bounds(4, 2) == [(0, 2), (2, 4)]
+        def positions():
+            return sp.shard_positions(8, 0, ring_degree=2)
+        positions()
+        call = attn_ref.check_kvcache_args(q, k_cache, v_cache)
+        print(call.num_heads, call.batch_host.cache_seqlens)    # fields of KVCacheCall, of BatchTable
+        try:
+            errors.load("missing.json")
+        except errors.CatalogError as exc:
+            print(exc)
+        print(sp.all_gather(x, dim=1, group=sp.SELF_GROUP))
+        print(sp.UlyssesAttention.backend)                      # defined by SequenceParallelAttention
+        """))
+    assert [entry for entry in entries if not good.uses(entry)] == []
+    bad = ExampleUses(textwrap.dedent("""\
+        import attn_ref
+        import errors
+        from attn_ref import sequence_parallel as sp
+        assert callable(attn_ref.split_bounds)                  # named, not called
+        def never_called():
+            return sp.shard_positions(8, 0, ring_degree=2)
+        call = object()
+        assert isinstance(call, attn_ref.KVCacheCall) and attn_ref.call.BatchTable is not None
+        assert issubclass(errors.CatalogError, Exception)
+        assert issubclass(sp.UlyssesAttention, sp.layer.SequenceParallelAttention)
+        SELF_GROUP = None                                       # a name of its own
+        print(SELF_GROUP)
+        """))
+    assert [entry for entry in entries if bad.uses(entry)] == []
 
 
 def test_api_reference_gives_every_parameter_a_type(site):
@@ -638,14 +850,20 @@ def real_errors() -> list[BaseException]:
     ]
 
 
-def first_search_result(browser, text: str) -> str:
-    """Paste ``text`` into Material's search box; the link of the first result once the catalog's
-    match is shown (error-search.js adds it when the message matches an entry's regex)."""
+def pasted_search_results(browser, text: str, count: int) -> list[str]:
+    """Paste ``text`` into Material's search box; the links of the first ``count`` results once the
+    catalog's matches are shown (error-search.js adds them when the text matches an entry's regex, or
+    is a fragment of its messages)."""
     page = browser.page
     page.locator("label.md-search__icon, .md-search__input").first.click()
     page.locator("input.md-search__input").fill(text)  # a paste: one input event with the whole text
-    page.locator(".md-search-result__list > .error-search-match").wait_for(timeout=10_000)
-    return page.locator(".md-search-result__item").first.locator("a").first.get_attribute("href") or ""
+    page.locator(".md-search-result__list > .error-search-match").first.wait_for(timeout=10_000)
+    items = page.locator(".md-search-result__item")
+    return [items.nth(n).locator("a").first.get_attribute("href") or "" for n in range(min(count, items.count()))]
+
+
+def first_search_result(browser, text: str) -> str:
+    return pasted_search_results(browser, text, 1)[0]
 
 
 def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
@@ -683,6 +901,51 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
     first = browser.page.locator(".md-search-result__item").first
     first.wait_for(timeout=15_000)
     assert "only_qv" in first.inner_text().replace("\u200b", "")
+    assert browser.problems() == []
+
+
+#: Fragments of messages as a user remembers or copies them (a middle part, with or without the tensor
+#: name, with the numbers a real run prints, upstream's wordings), each with the entries it must list
+#: first: several where the fragment is in messages of several entries.
+MESSAGE_FRAGMENTS = {
+    "must have contiguous last dimension": {"arguments/non-contiguous-last-dim", "upstream/not-contiguous"},
+    "k_cache must have contiguous": {"arguments/non-contiguous-last-dim"},  # FA3's wording, cut short
+    "cache_seqlens must have dtype": {"arguments/wrong-dtype"},
+    "disagree on": {"sequence-parallel/ranks-disagree"},
+    "ValueError: group disagree on q dtype (rank 0: torch.float16, rank 1:": {"sequence-parallel/ranks-disagree"},
+    "every rank must make the same call": {"sequence-parallel/ranks-disagree"},
+    "page_size >= 1, got page_size 0": {"paged/zero-page-size"},
+    "exceeds the cache capacity (8 tokens per sequence)": {"kv-cache/capacity-exceeded"},
+    "cache_seqlens (8) + new tokens (1)": {"kv-cache/capacity-exceeded"},
+    "must be a torch.Tensor, got list": {"arguments/not-a-tensor", "sequence-parallel/not-a-tensor"},
+    "Replicated Q, K, and V must be": {"sequence-parallel/replicated-qkv-together"},
+    "num_splits must be an int <= 256": {"options/bad-num-splits"},
+    "need 0 <= cache_leftpad <= cache_seqlens": {"kv-cache/leftpad-exceeds-seqlens"},
+    "values must lie in [0, 4), got": {"kv-cache/index-out-of-range"},
+    "zigzag ring is meaningless": {"upstream/ring-needs-causal"},  # ring-flash-attention's assert
+    "head dimension at most 256": {"upstream/head-dim-too-large"},  # FlashAttention's check
+    "only supports ver=3, got 2": {"kv-cache/unsupported-ver"},  # sglang's wrapper
+}
+
+
+def test_browser_message_fragments_find_their_entries_first(browser, catalog):
+    printed = " ".join(str(exc) for exc in real_errors())
+    for fragment in ("cache_seqlens (8) + new tokens (1)", "exceeds the cache capacity (8 tokens per sequence)",
+                     "must be a torch.Tensor, got list", "num_splits must be an int <= 256"):
+        assert fragment in printed, fragment  # as a real run prints it
+    assert len({slug for slugs in MESSAGE_FRAGMENTS.values() for slug in slugs}) >= 10
+    page = browser.open("/")
+    missed = {}
+    for fragment, slugs in MESSAGE_FRAGMENTS.items():
+        assert all(cat.get(slug) for slug in slugs)
+        assert cat.lookup(fragment, catalog) is None, f"{fragment!r} is a whole message, not a fragment"
+        found = [href.rstrip("/").split("errors/", 1)[-1] for href in pasted_search_results(browser, fragment, len(slugs))]
+        if set(found) != slugs:
+            missed[fragment] = found
+    assert not missed, missed
+    # Concept words are no fragment: they keep the site's own ranking (the concept pages first).
+    for words in CONCEPT_WORDS + ["sequence parallel", "KV cache", "paged KV cache"]:
+        assert page.evaluate("words => attnRefErrorSearch.matches(words)", words) == [], words
     assert browser.problems() == []
 
 

@@ -43,8 +43,8 @@ from docs_hooks import error_outputs  # noqa: E402
 
 SECTION = "Errors"
 AFTER = "Side by side"
-EXAMPLE_TABS = [("trigger", "Triggers the error"), ("fixed", "Fixed"), ("guard", "Guard"),
-                ("predicate", "Predicate"), ("recovery", "Recovery")]
+EXAMPLE_TABS = [("trigger", "Triggers the error"), ("fixed", "Fixed"), ("predicate", "Predicate"),
+                ("guard", "Guard"), ("recovery", "Recovery")]
 #: Material's search boost of an entry page: below 1, so that concept words (``cache_seqlens``, "ring
 #: attention") rank the concept pages and tutorials above the 100-odd entries that mention them; a pasted
 #: message still opens its entry first (error-search.js matches it against the catalog's regexes).
@@ -73,6 +73,12 @@ def _upstream_module():
     from errors import upstream  # importable once _catalog_module has put the root on sys.path
 
     return upstream
+
+
+def predicate_name(examples: dict) -> str:
+    from errors.examples import predicate_name as name  # importable once _catalog_module has put the root on sys.path
+
+    return name(examples)
 
 
 def entry_json(entry: dict) -> str:
@@ -184,7 +190,10 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
         if key not in examples:  # an upstream-only entry: fixed and predicate only
             continue
         example = examples[key]
-        lines += [f'=== "{title}"', "", _indent(_fence(example["code"])), ""]
+        lines += [f'=== "{title}"', ""]
+        if key == "guard":  # it runs after the predicate's code (errors/examples.py)
+            lines += [_indent(f"Decides with `{predicate_name(examples)}` from the Predicate tab:"), ""]
+        lines += [_indent(_fence(example["code"])), ""]
         if key == "predicate":
             for label, cases in (("True (the call raises)", example["true_cases"]),
                                  ("False (the call is valid)", example["false_cases"])):

@@ -395,8 +395,9 @@ def render_markdown(entry: dict, catalog: dict) -> str:
     lines += ["## Examples", ""]
     if examples.get("setup"):
         lines += ["Setup:", "", _code_block(examples["setup"]), ""]
-    for key, title in (("trigger", "Triggers the error"), ("fixed", "Fixed"), ("guard", "Guard"),
-                       ("predicate", "Predicate (True when the error would be raised)"), ("recovery", "Recovery")):
+    for key, title in (("trigger", "Triggers the error"), ("fixed", "Fixed"),
+                       ("predicate", "Predicate (True when the error would be raised)"),
+                       ("guard", "Guard (after the predicate's definition)"), ("recovery", "Recovery")):
         if key not in examples:  # an upstream-only entry has only fixed and predicate
             continue
         lines += [f"{title}:", "", _code_block(examples[key]["code"]), ""]

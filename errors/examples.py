@@ -9,7 +9,12 @@ Every example is ``examples.setup`` followed by the example's ``code``, executed
   statement.
 * ``fixed``, ``guard`` and ``recovery`` must run without an exception; ``recovery`` must also have
   caught this entry's error: the recorded raise statement must fire while it runs (watched with
-  ``sys.settrace``).
+  ``sys.settrace``). The ``guard`` decides with the predicate: it runs after the ``predicate`` code,
+  so it can call the predicate's function.
+* An error raised in a rank of :func:`attn_ref.sequence_parallel.launch` reaches the caller re-raised
+  by ``launch``, with each failing rank's traceback as a note (``--- rank R of N ---``). For such an
+  exception the raise location is the innermost package frame of the first rank's traceback (the
+  cause), so the rules above hold for it as for a local raise.
 * ``predicate``: after its ``code`` runs, every expression of ``true_cases`` must evaluate to
   ``True`` and every one of ``false_cases`` to ``False`` (real bools).
 
@@ -25,6 +30,7 @@ set (as ``tests/conftest.py`` does) before the first example runs, unless it is 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import os
@@ -38,6 +44,26 @@ from . import catalog as cat
 
 #: The examples that must run without an exception.
 CLEAN_KINDS = ("fixed", "guard", "recovery")
+#: Where :func:`attn_ref.sequence_parallel.launch` re-raises the exception of a failing rank.
+RELAY_PATH = "attn_ref/sequence_parallel/launch.py"
+#: The header of the note that holds a failing rank's traceback (launch adds one per failing rank).
+RANK_NOTE = re.compile(r"--- rank \d+ of \d+ ---\n")
+#: A frame line of a formatted traceback.
+TRACE_FRAME = re.compile(r'^  File "(.+)", line (\d+), in ', re.MULTILINE)
+
+
+def predicate_name(examples: dict) -> str:
+    """The name of the function the predicate example defines (its last top-level ``def``)."""
+    defs = [node.name for node in ast.parse(examples["predicate"]["code"]).body if isinstance(node, ast.FunctionDef)]
+    return defs[-1] if defs else ""
+
+
+def example_code(entry: dict, kind: str) -> str:
+    """The code an example runs after the setup: its own, the guard's after the predicate's def."""
+    examples = entry["examples"]
+    if kind == "guard":
+        return examples["predicate"]["code"] + "\n" + examples["guard"]["code"]
+    return examples[kind]["code"]
 
 
 def _use_triton_interpreter_without_cuda() -> None:
@@ -71,7 +97,7 @@ def skip_reason(entry: dict) -> Optional[str]:
 def trigger_problems(entry: dict, catalog: dict, root: Path = cat.ROOT) -> list[str]:
     """What is wrong with the trigger example (empty when it raises this entry's error)."""
     try:
-        _run(entry, "trigger", entry["examples"]["trigger"]["code"])
+        _run(entry, "trigger", example_code(entry, "trigger"))
     except Exception as exc:  # the example is supposed to raise; anything else is reported
         return _raised_problems(entry, catalog, exc, root)
     return ["trigger: ran without raising"]
@@ -92,7 +118,7 @@ def _raised_problems(entry: dict, catalog: dict, exc: Exception, root: Path) -> 
     if others:
         problems.append(f"trigger: message {message!r} also matches {', '.join(others)}")
     source = entry["source"]
-    location = cat.raise_location(exc, root)
+    location = raise_location(exc, root)
     if location is None:
         problems.append("trigger: the exception did not come from the package")
     elif location[0] != source["path"] or not source["line"] <= location[1] <= source["end_line"]:
@@ -101,25 +127,58 @@ def _raised_problems(entry: dict, catalog: dict, exc: Exception, root: Path) -> 
     return problems
 
 
+def raise_location(exc: BaseException, root: Path = cat.ROOT) -> Optional[tuple[str, int]]:
+    """``(path, line)`` of the package frame that raised ``exc``; for an exception relayed by ``launch``,
+    where the first failing rank raised it (module docstring)."""
+    location = cat.raise_location(exc, root)
+    if location is None or location[0] != RELAY_PATH:
+        return location
+    return rank_location(exc, root) or location  # no rank note: launch's own error (a timeout...)
+
+
+def rank_location(exc: BaseException, root: Path = cat.ROOT) -> Optional[tuple[str, int]]:
+    """The innermost package frame of the first failing rank's traceback note on ``exc``, or None."""
+    traces = [RANK_NOTE.split(str(note), 1)[1] for note in getattr(exc, "__notes__", []) if RANK_NOTE.match(str(note))]
+    location = None
+    for path, line in TRACE_FRAME.findall(traces[0] if traces else ""):
+        try:
+            rel = Path(path).resolve().relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if rel.split("/", 1)[0] in cat.PACKAGE_DIRS:
+            location = (rel, int(line))
+    return location
+
+
 @contextlib.contextmanager
 def watch_raise(entry: dict, root: Path = cat.ROOT):
-    """Yield a list that gets an item each time the entry's raise statement raises inside the block."""
+    """Yield a list that gets an item each time the entry's raise statement raises inside the block
+    (in this process, or in a rank whose exception ``launch`` relays)."""
     source = entry["source"]
     target = os.path.realpath(root / source["path"])
+    relay = os.path.realpath(root / RELAY_PATH)
     lines = range(source["line"], source["end_line"] + 1)
     hits: list = []
-    same_file: dict = {}
+    kind_of_file: dict = {}
 
     def in_raise_frame(frame, event, arg):
         if event == "exception" and frame.f_lineno in lines and arg[0].__name__ == entry["exception"]["type"]:
             hits.append(frame.f_lineno)
         return in_raise_frame
 
+    def in_relay_frame(frame, event, arg):
+        if event == "exception" and arg[0].__name__ == entry["exception"]["type"]:
+            location = rank_location(arg[1], root)  # arg[1].__traceback__ is not set yet
+            if location is not None and location[0] == source["path"] and location[1] in lines:
+                hits.append(location[1])
+        return in_relay_frame
+
     def on_call(frame, event, arg):
         name = frame.f_code.co_filename
-        if name not in same_file:
-            same_file[name] = os.path.realpath(name) == target
-        return in_raise_frame if same_file[name] else None
+        if name not in kind_of_file:
+            path = os.path.realpath(name)
+            kind_of_file[name] = in_raise_frame if path == target else in_relay_frame if path == relay else None
+        return kind_of_file[name]
 
     previous = sys.gettrace()
     sys.settrace(on_call)
@@ -133,13 +192,13 @@ def clean_problems(entry: dict, kind: str, root: Path = cat.ROOT) -> list[str]:
     """What is wrong with a fixed, guard or recovery example (empty when it runs cleanly)."""
     if entry["source"] is None:  # an upstream-only entry: nothing of the package raises it
         try:
-            _run(entry, kind, entry["examples"][kind]["code"])
+            _run(entry, kind, example_code(entry, kind))
         except Exception as exc:
             return [f"{kind}: raised {type(exc).__name__}: {exc}"]
         return []
     with watch_raise(entry, root) as hits:
         try:
-            _run(entry, kind, entry["examples"][kind]["code"])
+            _run(entry, kind, example_code(entry, kind))
         except Exception as exc:
             return [f"{kind}: raised {type(exc).__name__}: {exc}"]
     if kind == "recovery" and not hits:

@@ -249,9 +249,11 @@ def render(body: str, root: Path) -> str:
         names = spec[side] if isinstance(spec[side], list) else [spec[side]]
         pieces = [Piece.load(root, name) for name in names]
         sides[side] = Side(pieces)
-        listed = ", ".join(f"<code>{html.escape(p.qualname)}</code>" for p in pieces)
-        heads.append(f'<div class="sbs-head sbs-{side}">{side.capitalize()}: {listed} '
-                     f'<span class="sbs-path">{html.escape(pieces[0].path)}</span></div>')
+        by_path: dict[str, list[str]] = {}
+        for p in pieces:
+            by_path.setdefault(p.path, []).append(f"<code>{html.escape(p.qualname)}</code>")
+        listed = ", ".join(f'{", ".join(names)} <span class="sbs-path">{html.escape(path)}</span>' for path, names in by_path.items())
+        heads.append(f'<div class="sbs-head sbs-{side}">{side.capitalize()}: {listed}</div>')
     rows, previous = [], {side: None for side in SIDES}
     for number, row in enumerate(spec["rows"], 1):
         if not isinstance(row, dict) or "step" not in row or set(row) - {"step", *SIDES}:

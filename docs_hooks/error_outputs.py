@@ -7,7 +7,7 @@ note under it (``traceback.format_exception_only``). The error pages show it as 
 The triggers run in one child process (this file run as a script, ``TRITON_INTERPRET=1`` so kernel
 examples run on a CPU), from the project root. Results are cached in ``.cache/error-outputs.json``
 under a key made of the example code, the contents of every ``.py`` file of the packages and the
-``ATTN_REF_*`` environment variables (they change the notes), so a rebuild reruns only what changed;
+``ATTN_REF_*`` environment variables (they change the notes) and this file, so a rebuild reruns only what changed;
 editing any package file reruns all (about 5 s). An entry whose
 examples need a CUDA device is not run where none is, and gets no output.
 """
@@ -28,8 +28,8 @@ TIMEOUT_S = 300
 
 
 def package_fingerprint(root: Path) -> str:
-    """A hash of every ``.py`` file of :data:`PACKAGES` (path and contents)."""
-    digest = hashlib.sha256()
+    """A hash of every ``.py`` file of :data:`PACKAGES` (path and contents) and of this runner."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
@@ -73,7 +73,9 @@ def outputs(catalog: dict, root: Path) -> dict[str, str]:
 
 
 def _run_jobs(jobs: list[dict]) -> dict[str, str]:
-    """In the child process: run each job's code; the exception's last lines, or a line saying none."""
+    """In the child process: run each job's code; the exception's last lines, or a line saying none.
+    Paths under the project root (in a rank's relayed traceback) are shown relative to it, as a page
+    should not show the machine that built it."""
     import contextlib
     import io
     import warnings
@@ -85,7 +87,8 @@ def _run_jobs(jobs: list[dict]) -> dict[str, str]:
                 warnings.simplefilter("ignore")
                 exec(compile(job["code"], f"<trigger {job['id']}>", "exec"), {"__name__": "__trigger__"})
         except Exception as exc:  # what the user would see: any exception the trigger raises
-            found[job["id"]] = "".join(traceback.format_exception_only(exc)).rstrip("\n")
+            printed = "".join(traceback.format_exception_only(exc)).rstrip("\n")
+            found[job["id"]] = printed.replace(os.getcwd() + os.sep, "")
         else:
             found[job["id"]] = "(the trigger ran without raising)"
     return found

@@ -59,7 +59,7 @@ from pygments.lexers import PythonLexer
 BLOCK = re.compile(r"^```pairs[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
 
 #: A statement (or a compound statement's header) longer than this many lines is shown trimmed.
-MAX_HEADER_LINES = 4
+MAX_UNTRIMMED_LINES = 4
 
 SIDES = ("reference", "kernel")
 
@@ -177,7 +177,7 @@ class Side:
                     raise PluginError(f"pairs: {piece.qualname} ({piece.path}) has no line containing {stop_text!r} after {start_text!r}")
                 end = piece.statement_end(stop, whole=False)
             self.index, self.cursor = index, end + 1
-            long = stop_text is None and not whole and end - found + 1 > MAX_HEADER_LINES
+            long = stop_text is None and not whole and end - found + 1 > MAX_UNTRIMMED_LINES
             return piece, start, end, found if long else None
         names = ", ".join(f"{p.path} {p.qualname}" for p in self.pieces[self.index :])
         raise PluginError(f"pairs: no line containing {start_text!r} in {names} after line {self.cursor}")

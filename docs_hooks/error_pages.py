@@ -40,6 +40,7 @@ from mkdocs.structure.files import File
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # mkdocs loads hooks by path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from docs_hooks import error_outputs  # noqa: E402
+from errors.examples import predicate_name  # noqa: E402
 
 SECTION = "Errors"
 AFTER = "Side by side"
@@ -73,12 +74,6 @@ def _upstream_module():
     from errors import upstream  # importable once _catalog_module has put the root on sys.path
 
     return upstream
-
-
-def predicate_name(examples: dict) -> str:
-    from errors.examples import predicate_name as name  # importable once _catalog_module has put the root on sys.path
-
-    return name(examples)
 
 
 def entry_json(entry: dict) -> str:

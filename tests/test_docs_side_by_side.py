@@ -20,6 +20,7 @@ from mkdocs.exceptions import PluginError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from docs_hooks.side_by_side import BLOCK, render  # noqa: E402
+from twin_names import twin_name  # noqa: E402
 
 REFERENCE = '''\
 import torch
@@ -187,8 +188,7 @@ def page_blocks() -> list[tuple[str, str]]:
 
 def paired_name(qualname: str) -> str:
     """The name a piece pairs under: ``_split_states_kernel``, ``plan_attend`` -> ``split_states``, ``attend``."""
-    name = qualname.rsplit(".", 1)[-1].lstrip("_")
-    return name.removeprefix("plan_").removesuffix("_kernel")
+    return twin_name(qualname.rsplit(".", 1)[-1])
 
 
 #: Pairs whose names differ on purpose. The ring loop is one code for both packages (the kernels pass

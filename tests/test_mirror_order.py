@@ -2,7 +2,7 @@
 
 Each paired file reads top-down (public API first, then the pieces in the order they are called),
 so a reader holding the two files side by side finds each function and its twin at the same
-position. Twins are named by the rule of the side-by-side pages (:func:`twin_name`: a kernel piece
+position. Twins are named by the rule of the side-by-side pages (``tests/twin_names.py``: a kernel piece
 takes the reference's name, a launched program adds ``_kernel``, a launch planner ``plan_``).
 """
 
@@ -12,14 +12,10 @@ import ast
 from pathlib import Path
 
 import pytest
+from twin_names import twin_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRED = sorted(p.name for p in (ROOT / "attn_ref").glob("*.py") if (ROOT / "kernels" / p.name).is_file())
-
-
-def twin_name(name: str) -> str:
-    """``_split_states_kernel``, ``_split_states`` -> ``split_states``; ``plan_append_kv`` -> ``append_kv``."""
-    return name.lstrip("_").removeprefix("plan_").removesuffix("_kernel")
 
 
 def twin_sequence(path: Path) -> list[str]:

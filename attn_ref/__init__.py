@@ -4,7 +4,7 @@ The specification in code, and the numerical oracle the Triton kernels (:mod:`ke
 against. All math runs in fp32 whatever the input dtype. Layout ``(batch, seq, heads, head_dim)``.
 
 * :func:`flash_attn_with_kvcache` - sglang's FA3 KV-cache attention API.
-* Building blocks: :func:`attention_with_lse`, :func:`visible_keys`, :func:`apply_rotary`,
+* Building blocks: :func:`attention_with_lse`, :class:`AttentionMask`, :func:`apply_rotary`,
   :func:`gather_cache` / :func:`paged_to_dense`, :func:`merge_attention_states`, :func:`split_bounds`.
 * :func:`check_kvcache_args` - the validation shared with the kernels.
 * :func:`attention_backward` - the gradients of attention from its saved output and LSE.
@@ -14,7 +14,7 @@ from .attention import attention_with_lse
 from .backward import attention_backward
 from .call import KVCacheCall
 from .kvcache import flash_attn_with_kvcache
-from .masks import visible_keys
+from .masks import AttentionMask
 from .merge import merge_attention_states
 from .paged import cache_slots, gather_cache, paged_to_dense, scatter_cache
 from .rotary import apply_rotary
@@ -22,6 +22,7 @@ from .splits import split_bounds
 from .validation import check_kvcache_args
 
 __all__ = [
+    "AttentionMask",
     "KVCacheCall",
     "apply_rotary",
     "attention_backward",
@@ -34,5 +35,4 @@ __all__ = [
     "paged_to_dense",
     "scatter_cache",
     "split_bounds",
-    "visible_keys",
 ]

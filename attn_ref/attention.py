@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from .call import KVCacheCall
-from .masks import tile_key_range, visible_keys
+from .masks import NO_MASK, AttentionMask
 from .merge import merge_attention_states
 from .paged import gather_range
 from .rotary import apply_rotary
@@ -70,13 +70,11 @@ def _split_states(call: KVCacheCall, i: int, n_splits: int):
             q = q_loaded
             if call.is_fp8:
                 q, k, v = _dequantize(call, i, q, k, v)
-            o, lse = attention_with_lse(
-                q, k, v, call.softmax_scale, call.causal, call.window_size,
-                call.attention_chunk, call.softcap, qv, call.only_qv,
+            blocks.append(attention_with_lse(
+                q, k, v, call.softmax_scale, call.mask, call.softcap, qv, call.only_qv,
                 call.sinks if s == 0 and b0 == k0 else None,  # the sink is counted once: in split 0
                 key_offset=b0, seqlen_k=sk,
-            )
-            blocks.append((o, lse.T))
+            ))
         states.append(reduce(lambda a, b: merge_attention_states(*a, *b), blocks))
     return states
 
@@ -117,9 +115,7 @@ def attention_with_lse(
     k: torch.Tensor,
     v: torch.Tensor,
     softmax_scale: float,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    attention_chunk: int = 0,
+    mask: AttentionMask = NO_MASK,
     softcap: float = 0.0,
     qv: Optional[torch.Tensor] = None,
     only_qv: bool = False,
@@ -136,9 +132,7 @@ def attention_with_lse(
             with the masks of the whole sequence.
         v: ``(n, h_k, dv)`` values of the same keys.
         softmax_scale: factor of ``q·k`` (and of ``qv·v``) in the logits.
-        causal: bottom-right aligned causal mask (see :mod:`attn_ref.masks`).
-        window_size: ``(left, right)`` keys visible around each row's diagonal; -1 is unbounded.
-        attention_chunk: keys only from the row's own chunk of this size (None/0: off).
+        mask: the keys each row sees (:class:`~attn_ref.masks.AttentionMask`, bottom-right aligned).
         softcap: logits ``softcap * tanh(softmax_scale * s / softcap)`` before masking (0: off).
         qv: ``(sq, h, dv)`` extra query part dotted with V (MLA), or None.
         only_qv: logits from ``qv·v`` only (``q`` and ``k`` are not read).
@@ -147,22 +141,22 @@ def attention_with_lse(
         seqlen_k: length of the whole sequence of keys (default ``n``).
 
     Returns:
-        ``out (sq, h, dv)`` fp32 and ``lse (h, sq)`` fp32 (natural log).
+        The state ``out (sq, h, dv)`` fp32 and ``lse (sq, h)`` fp32 (natural log; the state layout:
+        ``lse.shape == out.shape[:-1]``, as :func:`~attn_ref.merge.merge_attention_states` takes it).
     """
     sq, h = (qv if only_qv else q).shape[:2]
     n, h_k, dv = v.shape
     seqlen_k = n if seqlen_k is None else seqlen_k
-    masks = dict(causal=causal, window_size=window_size, attention_chunk=attention_chunk)
     kf, vf = k.float(), v.float()
     sinks = None if sinks is None else sinks.float().view(h_k, h // h_k)
     out = torch.empty(sq, h, dv, dtype=torch.float32, device=v.device)
-    lse = torch.empty(h, sq, dtype=torch.float32, device=v.device)
+    lse = torch.empty(sq, h, dtype=torch.float32, device=v.device)
     rows_per_tile = max(1, min(ROWS_PER_TILE, MAX_SCORE_ELEMENTS // max(1, h * n)))
     for r0 in range(0, sq, rows_per_tile):
         r1 = min(sq, r0 + rows_per_tile)
         # Keys [lo, hi) are those some row of the tile sees, [full_lo, full_hi) those all of them see.
-        lo, hi, full_lo, full_hi = tile_key_range(r0, r1, sq, seqlen_k, **masks, key_start=key_offset,
-                                                  key_end=key_offset + n)
+        lo, hi, full_lo, full_hi = mask.tile_key_range(r0, r1, sq, seqlen_k, key_start=key_offset,
+                                                       key_end=key_offset + n)
         keys = slice(lo - key_offset, hi - key_offset)  # the tile's keys in k and v
         scores = _scores(None if only_qv else q[r0:r1], kf[keys], vf[keys], None if qv is None else qv[r0:r1],
                          only_qv)
@@ -170,11 +164,11 @@ def attention_with_lse(
         # -inf where a row does not see a key: only the edges [lo, full_lo) and [full_hi, hi) need a mask.
         for e0, e1 in ((lo, full_lo), (full_hi, hi)) if full_lo < full_hi else ((lo, hi),):
             if e0 < e1:
-                visible = visible_keys(sq, seqlen_k, **masks, device=v.device, row_start=r0, row_end=r1,
-                                       key_start=e0, key_end=e1)  # (rows, e1 - e0)
+                visible = mask.visible_keys(sq, seqlen_k, device=v.device, row_start=r0, row_end=r1,
+                                            key_start=e0, key_end=e1)  # (rows, e1 - e0)
                 logits[..., e0 - lo:e1 - lo].masked_fill_(~visible, float("-inf"))
         o, l = _softmax_state(logits, vf[keys], sinks)
-        out[r0:r1], lse[:, r0:r1] = o.permute(2, 0, 1, 3).reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0)
+        out[r0:r1], lse[r0:r1] = o.permute(2, 0, 1, 3).reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0).T
     return out, lse
 
 

@@ -47,48 +47,96 @@ from typing import Iterator, Optional
 import torch
 
 from .attention import MAX_SCORE_ELEMENTS, _logits
-from .masks import visible_keys
+from .error_notes import catalogued
+from .masks import AttentionMask
+from .validation import (
+    _require_device,
+    _require_dtype,
+    _require_float,
+    _require_heads_divide,
+    _require_ndim,
+    _require_shape,
+    _require_tensor,
+)
 
 
+@catalogued
 def attention_backward(
-    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
-    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1), attention_chunk: int = 0,
-    softcap: float = 0.0,
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
+    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: Optional[int] = 0, softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of q, k, v for attention of ``q`` over all of ``k``/``v`` (see the module docstring).
 
+    Takes what the forward returned: ``out, lse, *_ = flash_attn_with_kvcache(q, k, v, ...,
+    return_softmax_lse=True)`` with the same ``softmax_scale`` and mask options. The arguments are
+    checked first (:func:`check_backward_args`, shared with :func:`kernels.attention_backward`).
+
     Args:
-        dout: ``[b, s_q, h, d_v]`` gradient of the output.
-        q: ``[b, s_q, h, d]``.
-        k: ``[b, s_k, h_k, d]`` (``h % h_k == 0``).
-        v: ``[b, s_k, h_k, d_v]``.
-        out: ``[b, s_q, h, d_v]`` the forward's output.
-        lse: ``[b, s_q, h]`` the forward's natural-log LSE.
+        dout: ``(b, s_q, h, d_v)`` gradient of the output.
+        q: ``(b, s_q, h, d)``.
+        k: ``(b, s_k, h_k, d)`` (``h % h_k == 0``), q's dtype.
+        v: ``(b, s_k, h_k, d_v)``, q's dtype.
+        out: ``(b, s_q, h, d_v)`` the forward's output.
+        lse: ``(b, h, s_q)`` the forward's natural-log LSE, as FA returns it.
         softmax_scale: the forward's factor of ``q·k``.
         causal: bottom-right aligned causal mask (row ``i`` sees keys ``j <= i + s_k - s_q``).
-        dlse: ``[b, s_q, h]`` gradient of the LSE, or None (no gradient flows into it).
+        dlse: ``(b, h, s_q)`` gradient of the LSE, or None (no gradient flows into it).
         grad_dtype: dtype of the returned gradients; default each input's own dtype.
         window_size: the forward's ``(left, right)`` sliding window; a side of -1 is unbounded.
         attention_chunk: the forward's chunk size (0 or None: off).
         softcap: the forward's logit softcap (0 or None: off).
 
     Returns:
-        ``(dq [b, s_q, h, d], dk [b, s_k, h_k, d], dv [b, s_k, h_k, d_v])``.
+        ``(dq (b, s_q, h, d), dk (b, s_k, h_k, d), dv (b, s_k, h_k, d_v))``.
     """
+    check_backward_args(dout, q, k, v, out, lse, dlse)
+    mask = AttentionMask(causal=causal, window_size=window_size, attention_chunk=attention_chunk)
     work = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[2] // k.shape[2]
 
-    def by_kv_head(x):  # [b, s_q, h, ...] -> [b, s_q, h_k, g, ...] in the working dtype
+    def by_kv_head(x):  # (b, s_q, h, ...) -> (b, s_q, h_k, g, ...) in the working dtype
         return x.to(work).unflatten(2, (-1, group))
 
-    q_w, dout_w, lse_w = by_kv_head(q), by_kv_head(dout), by_kv_head(lse)
-    delta = _preprocess(by_kv_head(out), dout_w, None if dlse is None else by_kv_head(dlse))
+    def rows_first(stat):  # (b, h, s_q) -> (b, s_q, h_k, g): the layout of out[..., 0]
+        return by_kv_head(stat.transpose(1, 2))
+
+    q_w, dout_w, lse_w = by_kv_head(q), by_kv_head(dout), rows_first(lse)
+    delta = _preprocess(by_kv_head(out), dout_w, None if dlse is None else rows_first(dlse))
     k_w, v_w = k.to(work), v.to(work)
-    masks = dict(causal=causal, window_size=tuple(window_size), attention_chunk=attention_chunk or 0)
-    dk, dv = _dkdv(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, softcap or 0.0, masks)
-    dq = _dq(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, softcap or 0.0, masks)
-    return dq.flatten(2, 3).to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype), dv.to(grad_dtype or v.dtype)
+    dk, dv = _dkdv(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, softcap or 0.0, mask)
+    dq = _dq(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, softcap or 0.0, mask)
+    return (dq.flatten(2, 3).to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype),
+            dv.to(grad_dtype or v.dtype))
+
+
+def check_backward_args(dout, q, k, v, out, lse, dlse) -> None:
+    """The arguments of both ``attention_backward``: tensors on q's device, floating point, k and v
+    in q's dtype, ``q (b, s_q, h, d)``, ``k (b, s_k, h_k, d)``, ``v (b, s_k, h_k, d_v)`` with
+    ``h_k`` dividing ``h``, ``out`` and ``dout (b, s_q, h, d_v)``, ``lse`` and ``dlse (b, h, s_q)``."""
+    named = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}
+    if dlse is not None:
+        named["dlse"] = dlse
+    for name, x in named.items():
+        _require_tensor(name, x)
+    _require_ndim("q", q, 4, "(b, s_q, h, d)")
+    _require_ndim("k", k, 4, "(b, s_k, h_k, d)")
+    b, sq, h, d = q.shape
+    sk, h_k, dv = k.shape[1], k.shape[2], v.shape[-1] if v.dim() else 0
+    _require_shape("k", k, (b, sk, h_k, d), "(b, s_k, h_k, d)")
+    _require_shape("v", v, (b, sk, h_k, dv), "(b, s_k, h_k, d_v)")
+    _require_heads_divide(h, h_k)
+    _require_shape("out", out, (b, sq, h, dv), "(b, s_q, h, d_v)")
+    _require_shape("dout", dout, (b, sq, h, dv), "(the shape of out)")
+    _require_shape("lse", lse, (b, h, sq), "((b, h, s_q), as the forward returns it)")
+    if dlse is not None:
+        _require_shape("dlse", dlse, (b, h, sq), "(the shape of lse)")
+    for name, x in named.items():
+        _require_float(name, x)
+        _require_device(name, x, q.device)
+    _require_dtype("k", k, q.dtype)
+    _require_dtype("v", v, q.dtype)
 
 
 def _preprocess(out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tensor]) -> torch.Tensor:
@@ -104,27 +152,28 @@ def _preprocess(out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tens
 
 
 def _dkdv(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float,
-          masks: dict) -> tuple[torch.Tensor, torch.Tensor]:
+          mask: AttentionMask) -> tuple[torch.Tensor, torch.Tensor]:
     """``dK [b, s_k, h_k, d]`` and ``dV [b, s_k, h_k, d_v]`` of every key, over all query rows.
 
     ``dV_j = Σ_i P_ij dO_i`` and ``dK_j = scale · Σ_i dS_ij q_i``, the sums running over the rows and
     over the ``g`` query heads of each KV head (GQA). ``q [b, s_q, h_k, g, d]``, ``k [b, s_k, h_k, d]``,
     ``v [b, s_k, h_k, d_v]``, ``dout [b, s_q, h_k, g, d_v]``, ``lse``, ``delta`` ``[b, s_q, h_k, g]``;
-    ``masks``: ``dict(causal=, window_size=, attention_chunk=)`` for :func:`~attn_ref.masks.visible_keys`. The
+    ``mask``: the forward's :class:`~attn_ref.masks.AttentionMask`. The
     rows are taken in chunks (:func:`_row_chunks`), as the kernel takes them in blocks of ``BLOCK_M``.
     """
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     for r0, r1 in _row_chunks(q, k):
         q_r, do_r = q[:, r0:r1], dout[:, r0:r1]  # [b, rows, h_k, g, d], [b, rows, h_k, g, d_v]
         lse_r, delta_r = _row_stats(lse, delta, r0, r1)
-        p, softcap_grad = _probabilities(q_r, k, lse_r, r0, q.shape[1], softmax_scale, softcap, masks)
+        p, softcap_grad = _probabilities(q_r, k, lse_r, r0, q.shape[1], softmax_scale, softcap, mask)
         dv += torch.einsum("bkgrn,brkgd->bnkd", p, do_r)  # dV = Pᵀ dO, summed over G
         ds = _dscores(p, do_r, v, delta_r, softcap_grad)
         dk += torch.einsum("bkgrn,brkgd->bnkd", ds, q_r)  # dK = dSᵀ Q (· scale), summed over G
     return dk.mul_(softmax_scale), dv
 
 
-def _dq(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float, masks: dict) -> torch.Tensor:
+def _dq(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float,
+        mask: AttentionMask) -> torch.Tensor:
     """``dQ_i = scale · Σ_j dS_ij k_j`` over all keys, ``[b, s_q, h_k, g, d]`` (arguments as :func:`_dkdv`).
 
     Each chunk of rows is finished on its own: its ``P`` and ``dS`` over every key give its ``dQ``,
@@ -133,7 +182,8 @@ def _dq(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float, masks: 
     dq = torch.empty_like(q)
     for r0, r1 in _row_chunks(q, k):
         lse_r, delta_r = _row_stats(lse, delta, r0, r1)
-        p, softcap_grad = _probabilities(q[:, r0:r1], k, lse_r, r0, q.shape[1], softmax_scale, softcap, masks)
+        p, softcap_grad = _probabilities(q[:, r0:r1], k, lse_r, r0, q.shape[1], softmax_scale, softcap,
+                                         mask)
         ds = _dscores(p, dout[:, r0:r1], v, delta_r, softcap_grad)
         dq[:, r0:r1] = torch.einsum("bkgrn,bnkd->brkgd", ds, k).mul_(softmax_scale)  # dQ = dS K · scale
     return dq
@@ -154,19 +204,19 @@ def _row_stats(lse: torch.Tensor, delta: torch.Tensor, r0: int, r1: int) -> tupl
 
 
 def _probabilities(q, k, lse, row_start: int, seqlen_q: int, softmax_scale: float, softcap: float,
-                   masks: dict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                   mask: AttentionMask) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``P_ij = exp(ℓ_ij - lse_i)`` ``[b, h_k, g, rows, s_k]`` of rows ``row_start ..``, 0 where masked, and
     the softcap's factor ``1 - tanh² = 1 - (ℓ_ij / softcap)²`` of ``dS`` (same shape; None without softcap).
 
     ``q [b, rows, h_k, g, d]`` (rows ``row_start .. row_start + rows - 1`` of ``seqlen_q``),
     ``k [b, s_k, h_k, d]``, ``lse [b, h_k, g, rows, 1]`` from :func:`_row_stats`; the logits ``ℓ`` are the
-    forward's (:func:`attn_ref.attention._logits`), the mask is :func:`~attn_ref.masks.visible_keys` of
-    ``masks``, the keywords ``causal``, ``window_size`` and ``attention_chunk``.
+    forward's (:func:`attn_ref.attention._logits`), the mask is ``mask``'s
+    (:meth:`~attn_ref.masks.AttentionMask.visible_keys`).
     """
     logits = _logits(torch.einsum("brkgd,bnkd->bkgrn", q, k), softmax_scale, softcap)
     softcap_grad = 1 - (logits / softcap).square() if softcap > 0 else None
     row_end = row_start + q.shape[1]
-    visible = visible_keys(seqlen_q, k.shape[1], device=q.device, row_start=row_start, row_end=row_end, **masks)
+    visible = mask.visible_keys(seqlen_q, k.shape[1], device=q.device, row_start=row_start, row_end=row_end)
     return logits.masked_fill_(~visible, float("-inf")).sub_(lse).exp_(), softcap_grad
 
 

@@ -10,9 +10,12 @@ limits and constants both implementations use and the output dtype rule (:func:`
 from __future__ import annotations  # (BatchTable's methods return BatchTable)
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from .masks import AttentionMask
 
 #: Input dtypes both implementations accept (fp32 is an addition to upstream's fp16/bf16/fp8).
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
@@ -100,9 +103,7 @@ class KVCacheCall:
     page_size: int
     capacity: int
     softmax_scale: float
-    causal: bool
-    window_size: tuple[int, int]  # FA3-normalised: -1 = unbounded; causal makes the right side 0
-    attention_chunk: int  # 0 = off; bounded by max(capacity, longest query sequence)
+    mask: AttentionMask  # FA3-normalised and bounded by the static lengths
     softcap: float  # 0 = off; else the float32 value FA3 uses
     rotary_interleaved: bool
     rotary_dim: int

@@ -67,7 +67,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import operator
 import struct
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence, Union
@@ -76,7 +75,6 @@ import torch
 
 from .call import (
     FLOAT32_MAX,
-    INT64_MAX,
     LARGE_SCALE,
     MAX_NUM_SPLITS,
     SUPPORTED_DTYPES,
@@ -85,6 +83,8 @@ from .call import (
     output_dtype,
 )
 from .layout_hint import check_heads_first
+from ._parsers import _flag, _int64
+from .masks import AttentionMask
 from .overlap import _all_offsets, _cache_write_offsets, _require_unshared, _require_writable, _storage_starts
 from .paged import flat_slot_index
 
@@ -126,8 +126,8 @@ def check_kvcache_args(
     v, cu_seqlens_k_new = _check_new_kv(k, v, cu_seqlens_k_new, cache_seqlens, layout, value_checks)
     _check_cache_lengths(cache_seqlens, cache_leftpad, layout)
     _check_qv(qv, q, layout)
-    masks = _normalise_masks(window_size, causal, attention_chunk, layout)
-    rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, k, masks, layout)
+    mask = _normalise_masks(window_size, causal, attention_chunk, layout)
+    rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, k, mask, layout)
     descales = _check_descales(q_descale, k_descale, v_descale, layout)
     _check_sinks(sinks, layout)
     softmax_scale, softcap = _check_scalars(softmax_scale, softcap)
@@ -140,7 +140,7 @@ def check_kvcache_args(
     rotary_interleaved, return_softmax_lse = _check_flags(rotary_interleaved, return_softmax_lse)
     # The derived values, in one place.
     call = _resolve_call(
-        arguments, page_table, layout, masks, rotary, descales, cu_seqlens_q=cu_seqlens_q,
+        arguments, page_table, layout, mask, rotary, descales, cu_seqlens_q=cu_seqlens_q,
         cache_batch_idx=cache_batch_idx, cu_seqlens_k_new=cu_seqlens_k_new, cache_seqlens=cache_seqlens,
         cache_leftpad=cache_leftpad, softmax_scale=softmax_scale, softcap=softcap, only_qv=only_qv,
         num_splits=num_splits, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse)
@@ -172,14 +172,6 @@ class _Layout:
     def paged(self) -> bool:
         """A page table is given (its page size was checked to be >= 1)."""
         return self.page_size > 0
-
-
-class _Masks(NamedTuple):
-    """The mask options as FA3 normalises them (:func:`_normalise_masks`)."""
-
-    causal: bool
-    window_size: tuple[int, int]  # -1 = unbounded; causal makes the right side 0
-    chunk: int  # 0 = off; bounded by max(capacity, static query length, 1)
 
 
 class _Rotary(NamedTuple):
@@ -317,10 +309,7 @@ def _check_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     _require_shape("k_cache", k_cache, (*v_cache.shape[:3], head_dim), "(matching v_cache, with q's head dim)")
     if num_heads_k == 0 or num_heads % num_heads_k != 0:
         check_heads_first(q, k_cache, page_table)  # the same rejection, with the fix when q looks (b, h, s, d)
-        raise ValueError(
-            f"the number of key/value heads ({num_heads_k}) must divide the number of query "
-            f"heads ({num_heads})"
-        )
+    _require_heads_divide(num_heads, num_heads_k)
     if page_table is None:
         return 0, k_cache.shape[1], k_cache.shape[0]
     _require_tensor("page_table", page_table)
@@ -411,29 +400,21 @@ def _check_qv(qv, q: torch.Tensor, layout: _Layout) -> None:
     _require_contiguous_last_dim("qv", qv)
 
 
-def _normalise_masks(window_size, causal, attention_chunk, layout: _Layout) -> _Masks:
-    """The masks, as FA3 normalises them. A window side that is negative, or at least as long as the
-    static lengths (cache capacity; sq, or the max_seqlen_q argument for varlen q), is unbounded;
-    causal makes the right side 0; a chunk at least as long as both is the same as any longer chunk,
-    so the chunk is bounded by them (the kernels take int32)."""
-    left, right = _window_pair(window_size)
-    left = -1 if left < 0 or left >= layout.capacity - 1 else left
-    right = -1 if right < 0 or right >= layout.seqlen_q - 1 else right
-    causal = _flag("causal", causal)
-    if causal:
-        right = 0
-    chunk = min(_chunk_size(attention_chunk), max(layout.capacity, layout.seqlen_q, 1))
-    return _Masks(causal, (left, right), chunk)
+def _normalise_masks(window_size, causal, attention_chunk, layout: _Layout) -> AttentionMask:
+    """The mask (:class:`~attn_ref.masks.AttentionMask`: window, causal, chunk, checked in that
+    order), bounded by the static lengths as FA3 does: the cache capacity and sq (or the
+    max_seqlen_q argument for varlen q)."""
+    mask = AttentionMask(causal=causal, window_size=window_size, attention_chunk=attention_chunk)
+    return mask.bounded(seqlen_q=layout.seqlen_q, seqlen_k=layout.capacity)
 
 
-def _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, k, masks: _Masks, layout: _Layout) -> _Rotary:
+def _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, k, mask: AttentionMask, layout: _Layout) -> _Rotary:
     """Rotary embedding of the new keys (and of q): the cos/sin tables ``(seqlen_rotary, rotary_dim / 2)``,
     only with new keys, ``rotary_dim`` a multiple of 16 within the head dim, a paged cache's every
     position in the table (FA3's C++ check), ``rotary_seqlens`` ``(b,)`` int32. FA3 ignores
     rotary_sin and rotary_seqlens without rotary_cos. The queries' positions follow the masks:
     ``P0 + i`` in causal / local mode, else every row at ``P0`` (FA3's FixedPosition)."""
-    left, right = masks.window_size
-    q_fixed = not (masks.causal or masks.chunk > 0 or left >= 0 or right >= 0)
+    q_fixed = not mask.hides_keys
     if rotary_cos is None:
         return _Rotary(sin=None, seqlens=None, dim=0, q_fixed_position=q_fixed)
     if rotary_sin is None:
@@ -542,7 +523,7 @@ def _check_flags(rotary_interleaved, return_softmax_lse) -> tuple[bool, bool]:
             _flag("return_softmax_lse", return_softmax_lse, none_is_false=True))
 
 
-def _resolve_call(arguments: dict, page_table, layout: _Layout, masks: _Masks, rotary: _Rotary, descales: tuple, *,
+def _resolve_call(arguments: dict, page_table, layout: _Layout, mask: AttentionMask, rotary: _Rotary, descales: tuple, *,
                   cu_seqlens_q, cache_batch_idx, cu_seqlens_k_new, cache_seqlens, cache_leftpad,
                   softmax_scale: float, softcap: float, only_qv: bool, num_splits: int,
                   rotary_interleaved: bool, return_softmax_lse: bool) -> KVCacheCall:
@@ -565,8 +546,7 @@ def _resolve_call(arguments: dict, page_table, layout: _Layout, masks: _Masks, r
         head_dim=layout.head_dim, head_dim_v=layout.head_dim_v, varlen_q=layout.varlen_q,
         seqlen_q_bound=min(max(layout.seqlen_q, 0), q.shape[0]) if layout.varlen_q else layout.seqlen_q,
         batch=table, page_size=layout.page_size, capacity=layout.capacity,
-        softmax_scale=softmax_scale, causal=masks.causal, window_size=masks.window_size,
-        attention_chunk=masks.chunk, softcap=softcap, rotary_interleaved=rotary_interleaved,
+        softmax_scale=softmax_scale, mask=mask, softcap=softcap, rotary_interleaved=rotary_interleaved,
         rotary_dim=rotary.dim, rotary_q_fixed_position=rotary.q_fixed_position, only_qv=only_qv,
         return_softmax_lse=return_softmax_lse, num_splits=num_splits,
         empty_kv=k_cache.shape[1] == 0 and total_new == 0,
@@ -780,6 +760,15 @@ def _require_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str
         )
 
 
+def _require_heads_divide(num_heads: int, num_heads_k: int) -> None:
+    """GQA: each key/value head serves ``num_heads / num_heads_k`` query heads."""
+    if num_heads_k == 0 or num_heads % num_heads_k != 0:
+        raise ValueError(
+            f"the number of key/value heads ({num_heads_k}) must divide the number of query "
+            f"heads ({num_heads})"
+        )
+
+
 def _require_index_range(name: str, values: list[int], low: int, high: int) -> None:
     """Every value must lie in ``[low, high)``."""
     bad = [x for x in values if not low <= x < high]
@@ -797,61 +786,8 @@ def _require_int32_vector(name: str, x, batch: int, device: torch.device) -> Non
     _require_shape(name, x, (batch,), "(batch,)")
 
 
-def _int64(x) -> Optional[int]:
-    """``x`` as an int if it is one (Python or numpy int, integer 1-element tensor) within int64, as
-    FA3's int64 arguments need, else None. Bools and floats are not ints here."""
-    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
-        return None
-    try:
-        value = operator.index(x)
-    except TypeError:
-        return None
-    return value if -INT64_MAX - 1 <= value <= INT64_MAX else None
 
 
-def _window_pair(window_size) -> tuple[int, int]:
-    """``(left, right)`` from ``window_size[0]``, ``window_size[1]`` (FA3 reads only those two)."""
-    try:
-        sides = _int64(window_size[0]), _int64(window_size[1])
-    except (TypeError, IndexError, KeyError):
-        sides = None, None
-    if None in sides:
-        raise ValueError(
-            f"window_size must hold two ints (left, right) in int64 range, a negative side meaning "
-            f"unbounded, got {window_size!r}"
-        )
-    return sides
-
-
-def _chunk_size(attention_chunk) -> int:
-    """sglang's ``0 if attention_chunk is None else int(attention_chunk)``; ``<= 0`` is off (FA3)."""
-    try:
-        chunk = _int64(0 if attention_chunk is None else int(attention_chunk))
-    except (TypeError, ValueError, OverflowError, RuntimeError):
-        chunk = None
-    if chunk is None:
-        raise ValueError(
-            f"attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), "
-            f"got {attention_chunk!r}"
-        )
-    return max(chunk, 0)
-
-
-def _flag(name: str, x, none_is_false: bool = False) -> bool:
-    """A bool argument: a bool (Python or NumPy), an int 0 / 1, or a 1-element bool or integer
-    tensor holding 0 / 1; ``None`` too where sglang only tests the value's truth (``only_qv``)."""
-    if x is None and none_is_false:
-        return False
-    if isinstance(x, torch.Tensor):
-        scalar = x.numel() == 1 and x.device.type != "meta" and not (x.dtype.is_floating_point or x.is_complex())
-        value = x.item() if scalar else None
-    elif isinstance(x, numbers.Integral) or type(x).__name__ in ("bool_", "bool"):
-        value = int(x)
-    else:
-        value = None
-    if value not in (0, 1):
-        raise TypeError(f"{name} must be a bool, got {x!r}")
-    return bool(value)
 
 
 def _require_real(name: str, x) -> float:

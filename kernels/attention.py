@@ -117,7 +117,7 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
         stride_os=out_strides[0], stride_ob=out_strides[1], stride_oh=out_strides[2], stride_ot=out_strides[3],
         stride_ls=lse_strides[0], stride_lb=lse_strides[1], stride_lh=lse_strides[2], stride_lt=lse_strides[3],
         softmax_scale=call.softmax_scale, softcap=call.softcap if call.softcap > 0 else 1.0,
-        window_left=call.window_size[0], window_right=call.window_size[1], chunk=call.attention_chunk,
+        window_left=call.mask.window_left, window_right=call.mask.window_right, chunk=call.mask.chunk,
         has_sinks=int(call.sinks is not None), num_splits=num_splits,
     )
     constexprs = dict(
@@ -230,7 +230,7 @@ def _split_states_kernel(
         k0, k1 = split_bounds(seqlen_k, split, num_splits)
         out, lse = _attention_with_lse(
             q, q_mid, q_lo, qv, rows, pid_m * ROWS, tl.minimum(pid_m * ROWS + ROWS, seqlen_q),
-            seqlen_q, seqlen_k, k0, k1, window_left, window_right, chunk, scale, softcap,
+            seqlen_q, seqlen_k, k0, k1, (window_left, window_right, chunk), scale, softcap,
             sinks_ptr + heads, row_ok, (has_sinks != 0) & (split == 0), v_scale,
             k_cache_ptr + kv_head64 * stride_kc_h, v_cache_ptr + kv_head64 * stride_vc_h,
             page_table_ptr, tl.load(cache_rows_ptr + batch), tl.load(leftpads_ptr + batch),
@@ -310,7 +310,7 @@ def _attention_with_lse(
     rows,  # (BLOCK_M,) int32: query row i of each tile entry
     row_start, row_end,  # the tile's rows [row_start, row_end)
     seqlen_q, seqlen_k, k0, k1,  # the sequence's lengths; this split's keys [k0, k1)
-    window_left, window_right, chunk,  # masks: window sides (-1 = unbounded), chunk size (0 = off)
+    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
     softmax_scale, softcap,  # fp32 (softcap only read with SOFTCAP)
     sink_ptrs, row_ok, add_sink,  # (BLOCK_M,) pointers to each entry's sink logit; (BLOCK_M,) bool; bool
     v_scale,  # fp32: output factor (fp8 v_descale, else 1)
@@ -327,8 +327,7 @@ def _attention_with_lse(
     ``attention_with_lse`` with ``key_offset = k0``). Only ``[lo, hi)`` is visited; inside it the whole
     ``BLOCK_N`` blocks of ``[full_lo, full_hi)`` run without a mask, the blocks before and after masked."""
     diag = rows + seqlen_k - seqlen_q  # (BLOCK_M,) i + Δ, the bottom-right diagonal of each row
-    lo, hi, full_lo, full_hi = tile_key_range(row_start, row_end, seqlen_q, seqlen_k, k0, k1,
-                                              window_left, window_right, chunk)
+    lo, hi, full_lo, full_hi = tile_key_range(mask, row_start, row_end, seqlen_q, seqlen_k, k0, k1)
     unmasked_start = tl.minimum(lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK_N) * BLOCK_N, hi)
     unmasked_end = unmasked_start + tl.maximum(full_hi - unmasked_start, 0) // BLOCK_N * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)  # (BLOCK_M, BLOCK_DV) Σ 2^{t - m} V
@@ -342,7 +341,7 @@ def _attention_with_lse(
         else:
             start, end = unmasked_end, hi
         acc, m_i, l_i = _attend_key_blocks(
-            acc, m_i, l_i, q, q_mid, q_lo, qv, start, end, diag, k1, window_left, window_right, chunk,
+            acc, m_i, l_i, q, q_mid, q_lo, qv, start, end, diag, k1, mask,
             softmax_scale, softcap, k_cache_ptr, v_cache_ptr, page_table_ptr, cache_row, leftpad,
             stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
             offs_d, offs_dv, d_ok, dv_ok, BLOCK_N, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
@@ -358,7 +357,7 @@ def _attend_key_blocks(
     start, end,  # key range [start, end) to visit, in BLOCK_N steps
     diag,  # (BLOCK_M,) int32: i + s_k - s_q, the bottom-right diagonal of each row
     k1,  # int32: end of this split's keys
-    window_left, window_right, chunk,  # masks: window sides (-1 = unbounded), chunk size (0 = off)
+    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
     softmax_scale, softcap,  # fp32
     k_cache_ptr, v_cache_ptr,  # caches at this KV head (+ h·stride_h already added)
     page_table_ptr, cache_row, leftpad,
@@ -394,7 +393,7 @@ def _attend_key_blocks(
                     softmax_scale, softcap, SOFTCAP)  # (BLOCK_M, BLOCK_N) fp32, base 2
         if MASKED:
             # The mask test (kernels.masks): only the few masked blocks pay for it.
-            visible = visible_keys(offs_n, diag, window_left, window_right, chunk)  # (BLOCK_M, BLOCK_N)
+            visible = visible_keys(mask, offs_n, diag)  # (BLOCK_M, BLOCK_N)
             t = tl.where(key_ok[None, :] & visible, t, float("-inf"))
         # ---- online softmax update -------------------------------------------------------------
         m_new = tl.maximum(m_i, tl.max(t, 1))  # (BLOCK_M,)

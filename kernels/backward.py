@@ -43,50 +43,57 @@ import torch
 import triton
 import triton.language as tl
 
+from attn_ref.backward import check_backward_args
+from attn_ref.error_notes import catalogued
+from attn_ref.masks import NO_MASK, AttentionMask
+
 from .attention import _logits
 from .launch import Launch, compute_dtype, dot_precision, next_power_of_2
 from .masks import tile_key_range, visible_keys
 from .numerics import LOG2E
 
 
+@catalogued
 def attention_backward(
-    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
-    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1), attention_chunk: int = 0,
-    softcap: float = 0.0,
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
+    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: Optional[int] = 0, softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments and shapes).
+    """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments, shapes, checks).
 
     Args:
-        dout: ``[b, s_q, h, d_v]`` gradient of the output (fp16/bf16/fp32: the inputs share one dtype).
-        q: ``[b, s_q, h, d]`` (``d, d_v <= 256``).
-        k: ``[b, s_k, h_k, d]``.
-        v: ``[b, s_k, h_k, d_v]``.
-        out: ``[b, s_q, h, d_v]`` the forward's output.
-        lse: ``[b, s_q, h]`` the forward's natural-log LSE.
+        dout: ``(b, s_q, h, d_v)`` gradient of the output.
+        q: ``(b, s_q, h, d)`` (``d, d_v <= 256``), fp16/bf16/fp32.
+        k: ``(b, s_k, h_k, d)``, q's dtype.
+        v: ``(b, s_k, h_k, d_v)``, q's dtype.
+        out: ``(b, s_q, h, d_v)`` the forward's output.
+        lse: ``(b, h, s_q)`` the forward's natural-log LSE, as FA returns it.
         softmax_scale: the forward's.
         causal: the forward's (bottom-right causal).
-        dlse: ``[b, s_q, h]`` gradient of the LSE, or None.
+        dlse: ``(b, h, s_q)`` gradient of the LSE, or None.
         grad_dtype: dtype of the returned gradients; default each input's own dtype.
         window_size: the forward's sliding window ``(left, right)`` (-1: unbounded).
-        attention_chunk: the forward's chunk size (0: off).
+        attention_chunk: the forward's chunk size (0 or None: off).
         softcap: the forward's logit softcap (0 or None: off).
 
     Returns:
         ``(dq, dk, dv)`` in the shapes of q, k, v.
     """
+    check_backward_args(dout, q, k, v, out, lse, dlse)
+    mask = AttentionMask(causal=causal, window_size=window_size, attention_chunk=attention_chunk)
     q, k, v, dout, out = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, dout, out))
     b, sq, h, _ = q.shape
     device = q.device
-    lse_bhs = lse.float().transpose(1, 2).contiguous()  # [b, h, s_q]: one row of stats per (batch, head)
+    lse = lse.float().contiguous()  # (b, h, s_q): one row of stats per (batch, head)
     delta = torch.empty(b, h, sq, dtype=torch.float32, device=device)
-    plan_preprocess(out, dout, None if dlse is None else dlse.float(), delta).run()
+    dlse_rows = None if dlse is None else dlse.float().transpose(1, 2)  # (b, s_q, h) view
+    plan_preprocess(out, dout, dlse_rows, delta).run()
     dq = torch.empty(q.shape, dtype=torch.float32, device=device)
     dk = torch.empty(k.shape, dtype=torch.float32, device=device)
     dv = torch.empty(v.shape, dtype=torch.float32, device=device)
-    masks = dict(causal=causal, window_size=window_size, attention_chunk=attention_chunk, softcap=softcap)
-    plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, **masks).run()
-    plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, **masks).run()
+    plan_dkdv(q, k, v, dout, lse, delta, dk, dv, softmax_scale, mask, softcap).run()
+    plan_dq(q, k, v, dout, lse, delta, dq, softmax_scale, mask, softcap).run()
     return dq.to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype), dv.to(grad_dtype or v.dtype)
 
 
@@ -102,36 +109,37 @@ def plan_preprocess(out, dout, dlse, delta) -> Launch:
                   num_warps=4, num_stages=1, dummy_device=out.device)
 
 
-def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, **masks) -> Launch:
+def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, mask=NO_MASK, softcap=0.0) -> Launch:
     """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch, KV head)."""
-    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks)
+    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask,
+                                                   softcap)
     args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes, nheads_k=k.shape[2],
                 **mask_args)
     grid = (triton.cdiv(k.shape[1], constexprs["BLOCK_N"]), k.shape[0] * k.shape[2])
     return Launch(_dkdv_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
 
 
-def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, **masks) -> Launch:
+def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, mask=NO_MASK, softcap=0.0) -> Launch:
     """``dq`` (fp32, shape of q) over query blocks of ``BLOCK_M``, one program per (batch, head)."""
-    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks)
+    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask,
+                                                   softcap)
     args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2], **mask_args)
     grid = (triton.cdiv(q.shape[1], constexprs["BLOCK_M"]), q.shape[0] * q.shape[2])
     return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
 
 
-def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, masks) -> tuple[dict, dict, dict]:
-    """``(inputs, sizes, constexprs)``: the arguments the dK/dV and dQ kernels share, in their order;
-    ``masks``: the forward's ``dict(causal=, window_size=, attention_chunk=, softcap=)`` (absent: off)."""
+def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask, softcap) -> tuple[dict, dict, dict]:
+    """``(inputs, sizes, mask_args, constexprs)``: the arguments the dK/dV and dQ kernels share, in
+    their order; ``mask``: the forward's :class:`~attn_ref.masks.AttentionMask`."""
     d, dv = q.shape[-1], v.shape[-1]
     block_m, block_n = _blocks(max(d, dv))
     inputs = dict(**_pointer("q", "q", q), **_pointer("k", "k", k), **_pointer("v", "v", v),
                   **_pointer("dout", "do", dout), lse_ptr=lse_bhs, delta_ptr=delta)
-    window_left, window_right = masks.get("window_size", (-1, -1))
-    softcap = float(masks.get("softcap") or 0.0)
+    window_left, window_right, chunk = mask.bounded(q.shape[1], k.shape[1]).kernel_args()
+    softcap = float(softcap or 0.0)
     sizes = dict(seqlen_q=q.shape[1], seqlen_k=k.shape[1], softmax_scale=float(softmax_scale),
                  softcap=softcap if softcap > 0 else 1.0)
-    mask_args = dict(window_left=int(window_left), window_right=0 if masks.get("causal") else int(window_right),
-                     chunk=int(masks.get("attention_chunk") or 0))
+    mask_args = dict(window_left=window_left, window_right=window_right, chunk=chunk)
     constexprs = dict(
         GROUP=q.shape[2] // k.shape[2], SOFTCAP=softcap > 0, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=max(16, next_power_of_2(d)), BLOCK_DV=max(16, next_power_of_2(dv)),
@@ -193,6 +201,7 @@ def _dkdv_kernel(
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """``dK``, ``dV`` of ``BLOCK_N`` keys of one (batch, KV head), summed over its ``GROUP`` query heads."""
+    mask = (window_left, window_right, chunk)  # the mask group (kernels.masks)
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     b, hk = (pid_bh // nheads_k).to(tl.int64), (pid_bh % nheads_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
@@ -208,15 +217,15 @@ def _dkdv_kernel(
         v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
         for m0 in range(0, seqlen_q, BLOCK_M):
             # the keys some row of this query block sees, among this program's: none, skip the block
-            lo, hi, _, _ = tile_key_range(m0, tl.minimum(m0 + BLOCK_M, seqlen_q), seqlen_q, seqlen_k,
-                                          pid_n * BLOCK_N, n_end, window_left, window_right, chunk)
+            lo, hi, _, _ = tile_key_range(mask, m0, tl.minimum(m0 + BLOCK_M, seqlen_q), seqlen_q,
+                                          seqlen_k, pid_n * BLOCK_N, n_end)
             if lo < hi:
                 offs_m = m0 + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
                 q = _load_rows(q_head, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
                 do = _load_rows(do_head, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
                 lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
                 p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale,
-                                                 softcap, window_left, window_right, chunk, SOFTCAP, PRECISION)
+                                                 softcap, mask, SOFTCAP, PRECISION)
                 dv += tl.dot(tl.trans(p.to(DTYPE)), do, input_precision=PRECISION)  # dV = Pᵀ dO
                 ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
                 dk += tl.dot(tl.trans(ds.to(DTYPE)), q, input_precision=PRECISION)  # dK = dSᵀ Q (· scale)
@@ -240,6 +249,7 @@ def _dq_kernel(
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """``dQ`` of ``BLOCK_M`` query rows of one (batch, head), over the key blocks the rows can see."""
+    mask = (window_left, window_right, chunk)  # the mask group (kernels.masks)
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = (pid_bh // nheads).to(tl.int64), (pid_bh % nheads).to(tl.int64)
     q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
@@ -251,14 +261,14 @@ def _dq_kernel(
     lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # the keys some row of this block sees, [lo, hi), visited in whole blocks of BLOCK_N
-    lo, hi, _, _ = tile_key_range(pid_m * BLOCK_M, tl.minimum(pid_m * BLOCK_M + BLOCK_M, seqlen_q), seqlen_q,
-                                  seqlen_k, 0, seqlen_k, window_left, window_right, chunk)
+    lo, hi, _, _ = tile_key_range(mask, pid_m * BLOCK_M, tl.minimum(pid_m * BLOCK_M + BLOCK_M, seqlen_q),
+                                  seqlen_q, seqlen_k, 0, seqlen_k)
     for n0 in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
         k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
         v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
         p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
-                                         window_left, window_right, chunk, SOFTCAP, PRECISION)
+                                         mask, SOFTCAP, PRECISION)
         ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
         dq += tl.dot(ds.to(DTYPE), k, input_precision=PRECISION)  # dQ = dS K (· scale)
     _store_rows(dq_ptr + b * stride_dqb + h * stride_dqh, dq * softmax_scale, offs_m, seqlen_q, stride_dqs, D, BLOCK_D)
@@ -309,7 +319,7 @@ def _row_stats(lse_ptr, delta_ptr, offs_m, seqlen_q):
 
 @triton.jit
 def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
-                   window_left, window_right, chunk, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+                   mask, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
     """``P`` (BLOCK_M, BLOCK_N) fp32 of q rows ``offs_m`` over keys ``offs_n`` (0 where masked), and the
     softcap's factor ``1 - tanh²`` of ``dS`` (same shape; ``P`` itself, unread, without SOFTCAP).
 
@@ -320,7 +330,7 @@ def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale,
     t = _logits(tl.dot(q, tl.trans(k), input_precision=PRECISION), softmax_scale, softcap, SOFTCAP)
     diag = offs_m + (seqlen_k - seqlen_q)  # (BLOCK_M,) i + Δ
     visible = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
-    visible &= visible_keys(offs_n, diag, window_left, window_right, chunk)  # (BLOCK_M, BLOCK_N)
+    visible &= visible_keys(mask, offs_n, diag)  # (BLOCK_M, BLOCK_N)
     p = tl.where(visible, tl.exp2(t - lse[:, None] * LOG2E), 0.0)
     if SOFTCAP:
         tanh = t / (softcap * LOG2E)

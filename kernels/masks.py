@@ -1,9 +1,11 @@
 """Which keys a query row sees, inside the kernel: the mask test of a tile and the key range of a tile.
 
 The same bottom-right causal / sliding window / chunk semantics as :mod:`attn_ref.masks`, with the
-masks as runtime values (one compiled variant serves every mask): window sides are ``-1`` when
-unbounded (causal is passed as ``window_right = 0``), ``chunk`` is 0 when off, and a switched-off
-condition is or-ed with True. ``diag`` is ``i + Δ``, ``Δ = seqlen_k - seqlen_q``, as in the reference.
+mask as one argument group of runtime values, ``mask = (window_left, window_right, chunk)``
+(:meth:`attn_ref.masks.AttentionMask.kernel_args`; one compiled variant serves every mask): window
+sides are ``-1`` when unbounded (causal is ``window_right = 0``), ``chunk`` is 0 when off, and a
+switched-off condition is or-ed with True. ``diag`` is ``i + Δ``, ``Δ = seqlen_k - seqlen_q``, as in
+the reference.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import triton.language as tl
 
 
 @triton.jit
-def visible_keys(keys, diag, window_left, window_right, chunk):
-    """(BLOCK_M, BLOCK_N) bool: key ``keys[n]`` (BLOCK_N,) is visible to the row at ``diag[m]`` (BLOCK_M,)."""
+def visible_keys(mask, keys, diag):
+    """(BLOCK_M, BLOCK_N) bool: key ``keys[n]`` (BLOCK_N,) is visible to the row at ``diag[m]``
+    (BLOCK_M,) under ``mask = (window_left, window_right, chunk)``."""
+    window_left, window_right, chunk = mask
     keys = keys[None, :]  # (1, BLOCK_N)
     left_ok = (keys >= diag[:, None] - window_left) | (window_left < 0)  # (BLOCK_M, BLOCK_N)
     right_ok = (keys <= diag[:, None] + window_right) | (window_right < 0)
@@ -24,10 +28,11 @@ def visible_keys(keys, diag, window_left, window_right, chunk):
 
 
 @triton.jit
-def tile_key_range(row_start, row_end, seqlen_q, seqlen_k, key_start, key_end, window_left, window_right, chunk):
-    """``(lo, hi, full_lo, full_hi)`` int32 of :func:`attn_ref.masks.tile_key_range` for the rows
-    ``row_start .. row_end - 1`` and the keys ``[key_start, key_end)``: the keys some row sees are
-    ``[lo, hi)``, those every row sees ``[full_lo, full_hi)``."""
+def tile_key_range(mask, row_start, row_end, seqlen_q, seqlen_k, key_start, key_end):
+    """``(lo, hi, full_lo, full_hi)`` int32 of :meth:`attn_ref.masks.AttentionMask.tile_key_range`
+    for the rows ``row_start .. row_end - 1`` and the keys ``[key_start, key_end)``: the keys some
+    row sees are ``[lo, hi)``, those every row sees ``[full_lo, full_hi)``."""
+    window_left, window_right, chunk = mask
     first = row_start + seqlen_k - seqlen_q  # i + Δ of the first and the last row
     last = row_end - 1 + seqlen_k - seqlen_q
     lo, hi = key_start, key_end

@@ -36,6 +36,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..error_notes import catalogued
+from ..masks import AttentionMask
 
 from .backend import REFERENCE_BACKEND, AttentionBackend
 from .agreement import describe, run_checks_on_every_rank
@@ -62,6 +63,11 @@ class _Block:
     q_rows: slice
     k_rows: slice
     causal: bool
+
+    @property
+    def mask(self) -> AttentionMask:
+        """The block's mask: causal on the diagonal square, none otherwise."""
+        return AttentionMask(causal=self.causal)
 
 
 def block_chunks(ring_rank: int, ring_size: int, rows: int, zigzag: bool, offset: int = 0) -> tuple[Chunk, ...]:
@@ -206,7 +212,7 @@ def _ring_forward(plan: _RingPlan, q, k, v, k_fixed, v_fixed) -> tuple[torch.Ten
     def accumulate(k_blk: torch.Tensor, v_blk: torch.Tensor, k_chunks: Sequence[Chunk]) -> None:
         for blk in _blocks(plan.q_chunks, k_chunks, plan.causal):
             q_blk = q[:, blk.q_rows]
-            o, l = backend.attend_forward(q_blk, k_blk[:, blk.k_rows], v_blk[:, blk.k_rows], plan.softmax_scale, blk.causal)
+            o, l = backend.attend_forward(q_blk, k_blk[:, blk.k_rows], v_blk[:, blk.k_rows], plan.softmax_scale, blk.mask)
             out[:, blk.q_rows], lse[:, blk.q_rows] = backend.merge(out[:, blk.q_rows], lse[:, blk.q_rows], o, l)
 
     size, rank = group_size(plan.group), group_rank(plan.group)
@@ -244,7 +250,7 @@ def _ring_backward(plan: _RingPlan, dout, dlse, q, k, v, k_fixed, v_fixed, out, 
             rows, keys = blk.q_rows, blk.k_rows
             dq_b, dk_b, dv_b = backend.attend_backward(
                 dout[:, rows], q[:, rows], k_blk[:, keys], v_blk[:, keys], out[:, rows], lse[:, rows],
-                plan.softmax_scale, blk.causal, dlse[:, rows],
+                plan.softmax_scale, blk.mask, dlse[:, rows],
             )
             dq[:, rows] += dq_b
             dk_blk[:, keys] += dk_b

@@ -34,6 +34,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..error_notes import catalogued
+from ..masks import NO_MASK, AttentionMask
 
 from .agreement import describe, run_checks_on_every_rank
 from .checks import (
@@ -200,7 +201,7 @@ class UlyssesAttention(SequenceParallelAttention):
             # The replicated tokens: this rank's heads, appended as a suffix (never all-to-all'ed).
             reps = (replicated_input(x, group) for x in (replicated_q, replicated_k, replicated_v))
             q, k, v = (torch.cat([x, heads_of_rank(r, rank, world)], dim=1) for x, r in zip((q, k, v), reps))
-        out, lse = self.backend.attend(q, k, v, self.softmax_scale, self.causal)
+        out, lse = self.backend.attend(q, k, v, self.softmax_scale, AttentionMask(causal=self.causal))
         results = []
         for x in (out, lse[..., None]) if with_lse else (out,):  # [b, S + S_r, h / P, d_v | 1]
             # [b, S, h / P, .] -> [b, S / P, h, .]: back to this rank's tokens, all heads.
@@ -224,7 +225,7 @@ class UlyssesAttention(SequenceParallelAttention):
         if replicated_q is not None:
             reps = (replicated_input(x, group) for x in (replicated_q, replicated_k, replicated_v))
             q, k, v = (torch.cat([x, r], dim=1) for x, r in zip((q, k, v), reps))
-        out, lse = self.backend.attend(q, k, v, self.softmax_scale, False)
+        out, lse = self.backend.attend(q, k, v, self.softmax_scale, NO_MASK)
         results = []
         for x in (out, lse) if with_lse else (out,):
             # every rank computed the replicated rows whole: they count once in the backward

@@ -39,6 +39,7 @@ from typing import Optional
 import torch
 
 from ..error_notes import catalogued
+from ..masks import AttentionMask
 
 from .agreement import describe, run_checks_on_every_rank
 from .checks import (
@@ -207,7 +208,7 @@ class USPAttention(SequenceParallelAttention):
 
     def _local(self, q, k, v, with_lse):
         """Local attention of q over k/v: no collective (bottom-right causal when ``causal``)."""
-        out, lse = self.backend.attend(q, k, v, self.softmax_scale, self.causal)
+        out, lse = self.backend.attend(q, k, v, self.softmax_scale, AttentionMask(causal=self.causal))
         return (out, lse) if with_lse else out
 
     def _attend(self, q_rep, q_shard, k_rep, k_shard, v_rep, v_shard, position):
@@ -216,7 +217,7 @@ class USPAttention(SequenceParallelAttention):
         if self.groups.ring_degree == 1:
             # One call: the K/V of the ring block and the replicated tokens, in sequence order.
             k, v = _join_replicated(k_rep, k_shard, position), _join_replicated(v_rep, v_shard, position)
-            return self.backend.attend(q, k, v, self.softmax_scale, self.causal)
+            return self.backend.attend(q, k, v, self.softmax_scale, AttentionMask(causal=self.causal))
         ring_size, ring_rank, rows = self.groups.ring_degree, self.groups.ring_rank, q_shard.shape[1]
         rep_rows, shard_rows = _replicated_rows(q_rep.shape[1], rows, position)
         q_chunks = block_chunks(ring_rank, ring_size, rows, self.zigzag, offset=shard_rows.start)

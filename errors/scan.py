@@ -34,9 +34,9 @@ is evident from the code: a ``:d`` spec or an ``int`` annotation or ``len()`` ->
 parenthesised tuple, ``type(x).__name__`` -> an identifier. Narrowing keeps the regexes of generic
 helper messages (``{name} must have dtype {dtype}``) from matching specific ones. A parameter of a
 private helper for which every call passes a string literal (the calls of its module and of the
-modules of the tree that import it by name) matches only those literals (:func:`literal_arguments`):
-``{name} must have contiguous last dimension`` is about ``k_cache``, ``v_cache``, ``qv`` and ``out``,
-not ``block_table``.
+modules of the tree that import it by name) matches only those literals
+(:func:`literal_arguments`): ``{name} must have contiguous last dimension`` is about ``k_cache``,
+``v_cache``, ``qv`` and ``out``, not ``block_table``.
 """
 
 from __future__ import annotations
@@ -438,9 +438,9 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
 
     A message such as ``f"{name} must have contiguous last dimension"`` then matches only the names the
     code passes (``k_cache``, ``v_cache``...), not any argument of another library. A call with
-    ``*args`` or ``**kwargs``, or a reference that is not a call, makes every parameter open; so does
-    any use :func:`scan_files` cannot follow (an attribute ``module._name``, an import it cannot
-    resolve to a scanned file).
+    ``*args`` or ``**kwargs``, or a reference that is not a call, makes every parameter open; so
+    does any use :func:`scan_files` cannot follow (an attribute ``module._name``, an import it
+    cannot resolve to a scanned file).
     """
     functions = {n.name: n for n in module.body
                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("_")}
@@ -450,7 +450,8 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
             if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
                 values = found[names[node.id]]
                 values["<referenced>"] = values.get("<referenced>", 0) + 1
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names):
+            called = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            if not (called and node.func.id in names):
                 continue
             function = names[node.func.id]
             values = found[function]
@@ -463,7 +464,7 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
             given.update({k.arg: k.value for k in node.keywords if k.arg})
             for param in params:
                 arg = given.get(param)
-                literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str) and not open_call
+                literal = not open_call and isinstance(arg, ast.Constant) and isinstance(arg.value, str)
                 if literal and values.get(param, set()) is not None:
                     values.setdefault(param, set()).add(arg.value)
                 else:
@@ -473,9 +474,9 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
 
 
 def private_importers(trees: dict[str, ast.Module]) -> tuple[dict, set[str]]:
-    """Who imports the private names of which scanned module: ``({path: ((module, {local name: name}),
-    ...)}, unresolved)``, from every ``from ... import _name`` whose module is a scanned file (by its
-    path relative to the root: ``from .checks import _x`` in ``pkg/a.py`` is ``pkg/checks.py``);
+    """Who imports the private names of which scanned module: ``({path: ((module, {local name:
+    name}), ...)}, unresolved)``, from every ``from ... import _name`` whose module is a scanned file
+    (by its path relative to the root: ``from .checks import _x`` in ``pkg/a.py`` is ``pkg/checks.py``);
     ``unresolved``: the private names imported from elsewhere or used as attributes (``mod._name``),
     whose calls the scan cannot see."""
     importers: dict = {}
@@ -501,8 +502,8 @@ def private_importers(trees: dict[str, ast.Module]) -> tuple[dict, set[str]]:
 
 
 def _imported_file(rel: str, node: ast.ImportFrom, trees: dict) -> Optional[str]:
-    """The scanned file (path relative to the root) that ``from <module> import ...`` in ``rel`` names,
-    or None: a module ``a/b.py`` or a package ``a/b/__init__.py``."""
+    """The scanned file (path relative to the root) that ``from <module> import ...`` in ``rel``
+    names, or None: a module ``a/b.py`` or a package ``a/b/__init__.py``."""
     folders = rel.split("/")[:-1]
     if node.level > len(folders) + 1:
         return None

@@ -446,6 +446,7 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("_")}
     found: dict = {name: {} for name in functions}
     for tree, names in ((module, {name: name for name in functions}), *importers):
+        names = {local: name for local, name in names.items() if name in functions}  # not a constant
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
                 values = found[names[node.id]]
@@ -464,8 +465,8 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
             given.update({k.arg: k.value for k in node.keywords if k.arg})
             for param in params:
                 arg = given.get(param)
-                literal = not open_call and isinstance(arg, ast.Constant) and isinstance(arg.value, str)
-                if literal and values.get(param, set()) is not None:
+                literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                if literal and not open_call and values.get(param, set()) is not None:
                     values.setdefault(param, set()).add(arg.value)
                 else:
                     values[param] = None
@@ -475,8 +476,8 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
 
 def private_importers(trees: dict[str, ast.Module]) -> tuple[dict, set[str]]:
     """Who imports the private names of which scanned module: ``({path: ((module, {local name:
-    name}), ...)}, unresolved)``, from every ``from ... import _name`` whose module is a scanned file
-    (by its path relative to the root: ``from .checks import _x`` in ``pkg/a.py`` is ``pkg/checks.py``);
+    name}), ...)}, unresolved)``, from every ``from ... import _name`` of a scanned file (named by
+    its path from the root: ``from .checks import _x`` in ``pkg/a.py`` is ``pkg/checks.py``);
     ``unresolved``: the private names imported from elsewhere or used as attributes (``mod._name``),
     whose calls the scan cannot see."""
     importers: dict = {}

@@ -446,7 +446,7 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("_")}
     found: dict = {name: {} for name in functions}
     for tree, names in ((module, {name: name for name in functions}), *importers):
-        names = {local: name for local, name in names.items() if name in functions}  # not a constant
+        names = {local: name for local, name in names.items() if name in functions}  # functions only
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
                 values = found[names[node.id]]

@@ -49,7 +49,7 @@ import torch
 from .attention import MAX_SCORE_ELEMENTS, _logits
 from .error_notes import catalogued
 from .masks import AttentionMask
-from .validation import (
+from .argument_checks import (
     _require_device,
     _require_dtype,
     _require_float,

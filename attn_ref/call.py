@@ -74,7 +74,7 @@ class KVCacheCall:
 
     Tensors are the caller's (``k_cache`` may be sglang's ``only_qv`` placeholder, ``q`` its dummy).
     The per-batch values are ``batch``, a :class:`BatchTable` of ``(b,)`` tensors on q's device
-    (:func:`batch_table`), and, once :func:`~attn_ref.validation.check_kvcache_values` has run,
+    (:func:`batch_table`), and, once :func:`~attn_ref.value_checks.check_kvcache_values` has run,
     ``batch_host``, the same table as Python ints (``None`` when the value checks were skipped).
     """
 

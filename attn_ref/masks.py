@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from ._parsers import _chunk_size, _flag, _window_pair
+from .argument_checks import _chunk_size, _flag, _window_pair
 
 
 

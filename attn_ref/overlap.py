@@ -3,8 +3,9 @@
 The call writes the caches (append) and ``out``; a written element that another argument also reads,
 or that two slots share, makes the result depend on the order of the writes (FA3 runs them in
 parallel). Offsets below are in elements of the tensor's storage. The validation phases
-(:mod:`attn_ref.validation`) call :func:`_require_writable` and :func:`_require_unshared`, the latter
-with the offsets of :func:`_cache_write_offsets` for the appended cache slots.
+(:mod:`attn_ref.validation`) call :func:`_require_writable` and :func:`_require_unshared`; the value
+checks (:mod:`attn_ref.value_checks`) call the latter with the offsets of
+:func:`_cache_write_offsets` for the appended cache slots.
 """
 
 from __future__ import annotations

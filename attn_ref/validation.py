@@ -4,44 +4,15 @@ Both :func:`attn_ref.flash_attn_with_kvcache` and :func:`kernels.flash_attn_with
 :func:`check_kvcache_args` first, so they raise the same errors in the same order, and nothing is
 written into ``k_cache`` / ``v_cache`` before every check has passed.
 
-Order of the checks: :func:`check_kvcache_args` is the list of its phases, each a function that
-checks a few arguments and returns what the later ones need:
-
-0. :func:`_sglang_version`: sglang's ``ver`` check (``sgl_kernel.flash_attn only supports ver=3,
-   got ...``), first of all.
-1. sglang's own Python checks, verbatim and in sglang's order: :func:`_sglang_caches`
-   (``v_cache must be provided``, the two ``contiguous last dimension`` checks, ``k_cache can only
-   be None when only_qv=True``, with sglang's placeholder ``k_cache`` for ``only_qv``),
-   :func:`_sglang_q` (``q can only be None when only_qv=True``, ``q must be provided unless qv is
-   provided with only_qv=True``, with sglang's dummy ``q``), :func:`_sglang_softmax_scale`
-   (``only_qv=True requires qv to be provided``, sglang's default ``softmax_scale``). sglang raises
-   the two stride messages with ``assert``; here they are ``ValueError`` with the same text.
-2. This package's extra checks, for what upstream leaves to C++ ``TORCH_CHECK`` s (``RuntimeError``)
-   or to undefined behaviour, in two phases:
-
-   a. *static checks*, which read no tensor's values: :func:`_check_only_qv`; :func:`_check_dtypes`
-      (q's dtype; the caches' device, dtype, rank); :func:`_check_shapes` (q and ``cu_seqlens_q``
-      in :func:`_check_queries`, the caches, head divisibility, page table and page size in
-      :func:`_check_caches`; the sizes they fix are a :class:`_Layout`);
-      :func:`_check_cache_batch_idx`; :func:`_check_new_kv` (``k``, ``v``, ``cu_seqlens_k_new``);
-      :func:`_check_cache_lengths` (``cache_seqlens``, ``cache_leftpad``); :func:`_check_qv`;
-      :func:`_normalise_masks` (window, causal, chunk, as FA3 normalises them); :func:`_check_rotary`
-      (the tables, their length, and the queries' rotary positions, which follow the masks);
-      :func:`_check_descales`; :func:`_check_sinks`; :func:`_check_scalars` (``softmax_scale``,
-      ``softcap``); :func:`_check_num_splits`; :func:`_check_out`; :func:`_check_written_memory`
-      (the tensors the call writes; ``out`` sharing memory with another argument);
-      :func:`_check_flags` (``rotary_interleaved``, ``return_softmax_lse``). Then
-      :func:`_resolve_call` computes the derived values, in that one place.
-   b. *value checks*, which read index tensors back to the host: the ``cu_seqlens_*`` offsets (in
-      their place among the static checks, as they define the batch structure), then, after every
-      static check, :func:`check_kvcache_values`: :func:`_check_max_seqlen_q`, the
-      ``cache_batch_idx`` range, :func:`_check_cache_extents` (``cache_leftpad`` /
-      ``cache_seqlens`` and capacity), :func:`_check_pages` (``page_table`` range),
-      :func:`_check_write_conflicts`, :func:`_check_rotary_rows`, :func:`_require_finite_logits`
-      (logit overflow with a huge ``softmax_scale``), :func:`_check_writes_unshared` (cache writes
-      into another argument's memory). An input with errors of both kinds reports the static one.
-      ``value_checks=False`` skips them all (the kernels do inside a CUDA graph capture, see
-      :mod:`kernels.host_checks`); nothing then reads a device value on the host.
+Order of the checks: the body of :func:`check_kvcache_args` is the ordered list of its phases, each
+a function that checks a few arguments and returns what the later ones need: sglang's own Python
+checks first, verbatim and in sglang's order (sglang raises the two stride messages with
+``assert``; here they are ``ValueError`` with the same text), then this package's checks of what
+upstream leaves to C++ ``TORCH_CHECK`` s (``RuntimeError``) or to undefined behaviour: the static
+checks, which read no tensor's values and are in this module, top to bottom in the order they run,
+then the value checks, in :mod:`attn_ref.value_checks`. The small checks of one argument that the
+phases share are in :mod:`attn_ref.argument_checks`; the checks of the memory the call writes in
+:mod:`attn_ref.overlap`.
 
 Compatibility rule (the drop-in rule): a call FA3 accepts is accepted here with the same result, and
 what FA3 ignores in a configuration is ignored here too, without a check: ``rotary_seqlens`` and
@@ -53,9 +24,7 @@ and ``<= 0`` is off, ``softcap <= 0`` (or NaN) is off and is used in float32, as
 The result is a :class:`~attn_ref.call.KVCacheCall` (:mod:`attn_ref.call`): the resolved arguments
 plus the per-batch values, a :class:`~attn_ref.call.BatchTable` of device tensors computed with torch
 ops (:func:`~attn_ref.call.batch_table`, what the kernels read) and, after the value checks, the same
-table as Python ints (what the reference loops over). The checks of the memory the call writes are
-in :mod:`attn_ref.overlap`; the small checks the phases share are at the end of this module, after
-the phases, which read top to bottom in the order they run.
+table as Python ints (what the reference loops over).
 
 Notation used in shapes: ``b`` batch, ``sq`` query length, ``h`` query heads, ``h_k`` key/value heads,
 ``d`` q/k head dim, ``dv`` v head dim, ``P`` page size.
@@ -64,29 +33,37 @@ Notation used in shapes: ``b`` batch, ``sq`` query length, ``h`` query heads, ``
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
-import struct
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .call import (
-    FLOAT32_MAX,
-    LARGE_SCALE,
-    MAX_NUM_SPLITS,
-    SUPPORTED_DTYPES,
-    KVCacheCall,
-    batch_table,
-    output_dtype,
+from .argument_checks import (
+    _default_scale,
+    _flag,
+    _float32,
+    _head_dim,
+    _require_contiguous_last_dim,
+    _require_cu_seqlens,
+    _require_device,
+    _require_dtype,
+    _require_float,
+    _require_float32_finite,
+    _require_int,
+    _require_int32_vector,
+    _require_ndim,
+    _require_real,
+    _require_shape,
+    _require_heads_divide,
+    _require_tensor,
 )
+from .call import MAX_NUM_SPLITS, SUPPORTED_DTYPES, KVCacheCall, batch_table, output_dtype
 from .layout_hint import check_heads_first
-from ._parsers import _flag, _int64
 from .masks import AttentionMask
-from .overlap import _all_offsets, _cache_write_offsets, _require_unshared, _require_writable, _storage_starts
-from .paged import flat_slot_index
+from .overlap import _all_offsets, _require_unshared, _require_writable, _storage_starts
+from .value_checks import check_kvcache_values
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,7 +86,8 @@ def check_kvcache_args(
     """Validate a ``flash_attn_with_kvcache`` call and resolve its arguments.
 
     Raises ``ValueError`` (``TypeError`` for a wrong Python type) before anything is written. The
-    phases below run in the module docstring's order. Returns a :class:`KVCacheCall`.
+    phases below run in their order: 0-1 sglang's, 2a this package's static checks, 2b the value
+    checks (:mod:`attn_ref.value_checks`). Returns a :class:`KVCacheCall`.
     ``value_checks=False`` skips :func:`check_kvcache_values`: then no device value is read on the
     host, and the per-batch lists of the result are None.
     """
@@ -551,274 +529,3 @@ def _resolve_call(arguments: dict, page_table, layout: _Layout, mask: AttentionM
         return_softmax_lse=return_softmax_lse, num_splits=num_splits,
         empty_kv=k_cache.shape[1] == 0 and total_new == 0,
     )
-
-
-# ---- 2b. The value checks --------------------------------------------------------------------------
-
-
-def check_kvcache_values(call: KVCacheCall, arguments: dict, max_seqlen_q, batch_k: int) -> KVCacheCall:
-    """The value checks of a statically checked call (module docstring, 2b), in this order; they read
-    the index tensors (and, with a huge ``softmax_scale``, the data) back to the host. Returns
-    ``call`` with ``batch_host``, its per-batch values as Python ints (the phases read them there).
-
-    ``arguments``: the tensor arguments by name, as given (for the memory-sharing check of the
-    appended cache slots); ``max_seqlen_q``: as given; ``batch_k``: the cache rows (or page-table
-    rows) there are.
-    """
-    call = dataclasses.replace(call, batch_host=call.batch.tolist())
-    _check_max_seqlen_q(call, max_seqlen_q)
-    _require_index_range("cache_batch_idx", call.batch_host.cache_rows, 0, batch_k)
-    _check_cache_extents(call)
-    _check_pages(call)
-    _check_write_conflicts(call)
-    _check_rotary_rows(call)
-    _require_finite_logits(call)
-    _check_writes_unshared(call, arguments)
-    return call
-
-
-def _check_max_seqlen_q(call: KVCacheCall, max_seqlen_q) -> None:
-    """With varlen q, no sequence of ``cu_seqlens_q`` is longer than ``max_seqlen_q`` (the static bound)."""
-    seqlens_q = call.batch_host.seqlens_q
-    if call.varlen_q and max(seqlens_q, default=0) > call.seqlen_q_bound:
-        raise ValueError(
-            f"max_seqlen_q={max_seqlen_q} is smaller than the longest sequence in "
-            f"cu_seqlens_q ({max(seqlens_q)})"
-        )
-
-
-def _check_cache_extents(call: KVCacheCall) -> None:
-    """Each entry's cache: ``0 <= L_i <= C_i`` and ``C_i + N_i`` within the capacity."""
-    batch, capacity = call.batch_host, call.capacity
-    leftpads, seqlens_c, new_lens = batch.leftpads, batch.cache_seqlens, batch.new_lens
-    for i in range(call.batch_size):
-        if not 0 <= leftpads[i] <= seqlens_c[i]:
-            raise ValueError(
-                f"batch entry {i}: need 0 <= cache_leftpad <= cache_seqlens, got "
-                f"cache_leftpad={leftpads[i]}, cache_seqlens={seqlens_c[i]}"
-            )
-        if seqlens_c[i] + new_lens[i] > capacity:
-            raise ValueError(
-                f"batch entry {i}: cache_seqlens ({seqlens_c[i]}) + new tokens ({new_lens[i]}) "
-                f"exceeds the cache capacity ({capacity} tokens per sequence)"
-            )
-
-
-def _check_pages(call: KVCacheCall) -> None:
-    """The pages an entry touches (the first ``ceil((C_i + N_i) / P)`` of its page-table row) exist."""
-    if call.page_table is None:
-        return
-    rows, batch = call.page_table.tolist(), call.batch_host
-    used = [p for i in range(call.batch_size)
-            for p in rows[batch.cache_rows[i]][: -(-(batch.cache_seqlens[i] + batch.new_lens[i]) // call.page_size)]]
-    _require_index_range("page_table", used, 0, call.k_cache.shape[0])
-
-
-def _check_write_conflicts(call: KVCacheCall) -> None:
-    """No two batch entries append into one cache slot (FA3 would leave "any of the duplicates")."""
-    if not call.appending:
-        return
-    table = call.page_table.cpu() if call.page_table is not None else None
-    batch = call.batch_host
-    written = torch.cat([
-        flat_slot_index(call.k_cache, batch.cache_rows[i],
-                        torch.arange(batch.cache_seqlens[i], batch.cache_seqlens[i] + batch.new_lens[i]), table)
-        for i in range(call.batch_size)
-    ])
-    if written.unique().numel() != written.numel():
-        raise ValueError(
-            "two batch entries would write the same cache slot (duplicate cache_batch_idx "
-            "rows or shared pages among the appended positions)"
-        )
-
-
-def _check_rotary_rows(call: KVCacheCall) -> None:
-    """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + s_q - 1``
-    unless the queries' position is fixed) for the queries."""
-    rotary_cos, batch = call.rotary_cos, call.batch_host
-    rotary_starts = batch.rotary_starts
-    if rotary_cos is None:
-        return
-    for i in range(call.batch_size):
-        seqlen_q, new_len = batch.seqlens_q[i], batch.new_lens[i]
-        q_rows = 0 if call.only_qv or seqlen_q == 0 else 1 if call.rotary_q_fixed_position else seqlen_q
-        if max(new_len, q_rows) == 0:
-            continue
-        if rotary_starts[i] < 0:  # would wrap to the table's last rows (PyTorch) or read before it
-            _require_index_range("rotary_seqlens", [rotary_starts[i]], 0, rotary_cos.shape[0])
-        last_key, last_q = rotary_starts[i] + new_len, rotary_starts[i] + q_rows
-        if max(last_key, last_q) > rotary_cos.shape[0]:
-            raise ValueError(
-                f"batch entry {i}: rotary positions up to {max(last_key, last_q) - 1} are "
-                f"needed, but rotary_cos has only {rotary_cos.shape[0]} rows"
-            )
-
-
-def _require_finite_logits(call: KVCacheCall) -> None:
-    """With a huge ``softmax_scale`` (``|scale| >`` :data:`LARGE_SCALE`, no softcap) the logits
-    ``scale · s`` can leave float32 (FA3 then returns NaN): refuse the call if
-    ``|scale| · Σ_c max|q_c| · max|k_c|`` (plus the ``qv · V`` term) can reach float32's range, with
-    ``|s|`` bounded by head dim x largest entries (rotary at most doubles an entry, an fp8 descale
-    multiplies it)."""
-    scale = call.softmax_scale
-    if not (call.softcap == 0 and abs(scale) > LARGE_SCALE):
-        return
-
-    def largest(*tensors):
-        found = [t[i].float().abs().max().item() for t in tensors if t is not None for i in range(t.shape[0])
-                 if t[i].numel()]
-        return max(found, default=0.0)
-
-    growth = (2.0 if call.rotary_cos is not None else 1.0) ** 2
-    for d in ((call.q_descale, call.k_descale) if call.is_fp8 else ()):
-        growth *= largest(d) if d is not None else 1.0
-    bound = 0.0 if call.only_qv else call.q.shape[-1] * largest(call.q) * largest(call.k_cache, call.k) * growth
-    if call.qv is not None:
-        bound += call.qv.shape[-1] * largest(call.qv) * largest(call.v_cache, call.v)
-    bound *= abs(scale)
-    if bound > FLOAT32_MAX / 4:  # margin for the base-2 logits and the log-sum-exp
-        raise ValueError(f"softmax_scale={scale!r} can make the logits overflow float32 for these inputs "
-                         f"(|softmax_scale · q·k| up to {bound:.3g}); use a smaller softmax_scale")
-
-
-def _check_writes_unshared(call: KVCacheCall, arguments: dict) -> None:
-    """The appended cache slots (:func:`_cache_write_offsets`) are not memory of another argument."""
-    if not call.appending:
-        return
-    starts = _storage_starts(arguments)
-    for name in ("k_cache", "v_cache"):
-        offsets = lambda cache=arguments[name]: _cache_write_offsets(  # noqa: E731
-            cache, call.page_table, call.batch_host.cache_rows, call.batch_host.cache_seqlens,
-            call.batch_host.new_lens)
-        _require_unshared(name, offsets, arguments, starts)
-
-
-# --------------------------------------------------------------------------------------------------
-# Small checks, used by the phases above. Each raises one catalogued error; the argument name is
-# part of the message.
-# --------------------------------------------------------------------------------------------------
-
-
-def _require_tensor(name: str, x: object) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-
-
-def _head_dim(name: str, x: torch.Tensor) -> int:
-    """``x.shape[-1]`` (the head dim); a 0-d tensor has none."""
-    if x.dim() == 0:
-        raise ValueError(f"{name} must have a last (head) dimension, got a 0-d tensor")
-    return x.shape[-1]
-
-
-def _require_contiguous_last_dim(name: str, x: torch.Tensor) -> None:
-    # Same text as sglang's ``assert k_cache.stride(-1) == 1, "..."`` (and the v_cache one).
-    _head_dim(name, x)
-    if x.stride(-1) != 1:
-        raise ValueError(f"{name} must have contiguous last dimension")
-
-
-def _require_ndim(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
-    if x.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
-
-
-def _require_shape(name: str, x: torch.Tensor, shape: Sequence[int], layout: str) -> None:
-    if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)} {layout}, got {tuple(x.shape)}")
-
-
-def _require_dtype(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
-    if x.dtype != dtype:
-        raise ValueError(f"{name} must have dtype {dtype}, got {x.dtype}")
-
-
-def _require_float(name: str, x: torch.Tensor) -> None:
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"{name} must have a floating-point dtype, got {x.dtype}")
-
-
-def _require_device(name: str, x: torch.Tensor, device: torch.device) -> None:
-    if x.device != device:
-        raise ValueError(f"{name} must be on the same device as q ({device}), got {x.device}")
-
-
-def _require_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str, read_values: bool) -> None:
-    """Check an int32 ``(b + 1,)`` offsets tensor: starts at 0, never decreases, ends at ``total``.
-
-    The values are read (a value check, run here because they define the batch structure) only if
-    ``read_values``, or if there are fewer than two entries (a call that fails: at most one value)."""
-    _require_dtype(name, cu, torch.int32)
-    _require_ndim(name, cu, 1, "(batch + 1,) offsets")
-    if not read_values and cu.shape[0] >= 2:
-        return
-    offsets = cu.tolist()
-    monotone = all(a <= b for a, b in zip(offsets, offsets[1:]))
-    if len(offsets) < 2 or offsets[0] != 0 or not monotone or offsets[-1] != total:
-        raise ValueError(
-            f"{name} must start at 0, never decrease and end at {total_name}={total}, got {offsets}"
-        )
-
-
-def _require_heads_divide(num_heads: int, num_heads_k: int) -> None:
-    """GQA: each key/value head serves ``num_heads / num_heads_k`` query heads."""
-    if num_heads_k == 0 or num_heads % num_heads_k != 0:
-        raise ValueError(
-            f"the number of key/value heads ({num_heads_k}) must divide the number of query "
-            f"heads ({num_heads})"
-        )
-
-
-def _require_index_range(name: str, values: list[int], low: int, high: int) -> None:
-    """Every value must lie in ``[low, high)``."""
-    bad = [x for x in values if not low <= x < high]
-    if bad:
-        raise ValueError(f"{name} values must lie in [{low}, {high}), got {bad[:8]}")
-
-
-def _require_int32_vector(name: str, x, batch: int, device: torch.device) -> None:
-    """An optional ``(b,)`` int32 tensor on q's device (its values go to :func:`batch_table`)."""
-    if x is None:
-        return
-    _require_tensor(name, x)
-    _require_device(name, x, device)
-    _require_dtype(name, x, torch.int32)
-    _require_shape(name, x, (batch,), "(batch,)")
-
-
-
-
-
-
-def _require_real(name: str, x) -> float:
-    """A real Python / numpy number (not a bool) as a float."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    return float(x)
-
-
-def _require_float32_finite(name: str, x: float) -> None:
-    """FA3 computes with ``name`` as a float32: NaN, inf and values beyond its range are garbage there."""
-    if not (math.isfinite(x) and abs(x) <= FLOAT32_MAX):
-        raise ValueError(f"{name} must be finite in float32 (|{name}| <= 3.4e38), got {x!r}")
-
-
-def _float32(x: float) -> float:
-    """``x`` (finite, within float32's range) rounded to float32, the precision FA3's kernels get it in."""
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def _default_scale(what: str, dims: int) -> float:
-    """sglang's default ``softmax_scale = dims ** -0.5``, undefined for a zero head dim."""
-    if dims == 0:
-        raise ValueError(f"softmax_scale=None means {what} ** -0.5, which is undefined for a head dim "
-                         f"of 0; pass softmax_scale")
-    return dims ** (-0.5)
-
-
-def _require_int(name: str, x) -> int:
-    """An int argument (Python / numpy int or integer 1-element tensor; not a bool)."""
-    value = _int64(x)
-    if value is None:
-        raise TypeError(f"{name} must be an int in int64 range, got {x!r}")
-    return value

@@ -33,7 +33,8 @@ is evident from the code: a ``:d`` spec or an ``int`` annotation or ``len()`` ->
 ``torch.dtype`` annotation or a ``.dtype`` attribute -> ``torch.<name>``, ``tuple(...)`` -> a
 parenthesised tuple, ``type(x).__name__`` -> an identifier. Narrowing keeps the regexes of generic
 helper messages (``{name} must have dtype {dtype}``) from matching specific ones. A parameter of a
-private helper for which every call of its module passes a string literal matches only those literals
+private helper for which every call passes a string literal (the calls of its module and of the
+modules of the tree that import it by name) matches only those literals
 (:func:`literal_arguments`): ``{name} must have contiguous last dimension`` is about ``k_cache``,
 ``v_cache``, ``qv`` and ``out``, not ``block_table``.
 """
@@ -429,40 +430,87 @@ def module_constants(module: ast.Module) -> dict:
     return found
 
 
-def literal_arguments(module: ast.Module) -> dict:
+def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
     """``name -> {parameter: (literal, ...)}`` for the module's private top-level functions (``_name``)
-    whose every call in the module passes a string literal for that parameter.
+    whose every call passes a string literal for that parameter: every call in the module and in the
+    ``importers``, ``(module, {local name: function name})`` pairs of the modules that import its
+    functions with ``from ... import _name`` (:func:`private_importers` finds them).
 
     A message such as ``f"{name} must have contiguous last dimension"`` then matches only the names the
-    code passes (``k_cache``, ``v_cache``...), not any argument of another library. A private function
-    is called only from its module (:func:`scan_files` drops one that another module imports); a call
-    with ``*args`` or ``**kwargs``, or a reference that is not a call, makes every parameter open.
+    code passes (``k_cache``, ``v_cache``...), not any argument of another library. A call with
+    ``*args`` or ``**kwargs``, or a reference that is not a call, makes every parameter open; so
+    does any use :func:`scan_files` cannot follow (an attribute ``module._name``, an import it
+    cannot resolve to a scanned file).
     """
     functions = {n.name: n for n in module.body
                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("_")}
     found: dict = {name: {} for name in functions}
-    for node in ast.walk(module):
-        if isinstance(node, ast.Name) and node.id in functions and isinstance(node.ctx, ast.Load):
-            found[node.id].setdefault("<referenced>", 0)
-            found[node.id]["<referenced>"] += 1
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in functions):
-            continue
-        values = found[node.func.id]
-        values["<referenced>"] = values.get("<referenced>", 0) - 1  # this reference is a call
-        args = functions[node.func.id].args
-        params = [a.arg for a in (*args.posonlyargs, *args.args)]
-        open_call = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
-        given = dict(zip(params, node.args))
-        given.update({k.arg: k.value for k in node.keywords if k.arg})
-        for param in params:
-            arg = given.get(param)
-            literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str) and not open_call
-            if literal and values.get(param, set()) is not None:
-                values.setdefault(param, set()).add(arg.value)
-            else:
-                values[param] = None
+    for tree, names in ((module, {name: name for name in functions}), *importers):
+        names = {local: name for local, name in names.items() if name in functions}  # functions only
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
+                values = found[names[node.id]]
+                values["<referenced>"] = values.get("<referenced>", 0) + 1
+            called = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            if not (called and node.func.id in names):
+                continue
+            function = names[node.func.id]
+            values = found[function]
+            values["<referenced>"] = values.get("<referenced>", 0) - 1  # this reference is a call
+            args = functions[function].args
+            params = [a.arg for a in (*args.posonlyargs, *args.args)]
+            open_call = (any(isinstance(a, ast.Starred) for a in node.args)
+                         or any(k.arg is None for k in node.keywords))
+            given = dict(zip(params, node.args))
+            given.update({k.arg: k.value for k in node.keywords if k.arg})
+            for param in params:
+                arg = given.get(param)
+                literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                if literal and not open_call and values.get(param, set()) is not None:
+                    values.setdefault(param, set()).add(arg.value)
+                else:
+                    values[param] = None
     return {name: {p: tuple(sorted(v)) for p, v in values.items() if p != "<referenced>" and v}
             for name, values in found.items() if values and values.get("<referenced>", 0) == 0}
+
+
+def private_importers(trees: dict[str, ast.Module]) -> tuple[dict, set[str]]:
+    """Who imports the private names of which scanned module: ``({path: ((module, {local name:
+    name}), ...)}, unresolved)``, from every ``from ... import _name`` of a scanned file (named by
+    its path from the root: ``from .checks import _x`` in ``pkg/a.py`` is ``pkg/checks.py``);
+    ``unresolved``: the private names imported from elsewhere or used as attributes (``mod._name``),
+    whose calls the scan cannot see."""
+    importers: dict = {}
+    unresolved: set[str] = set()
+    for rel, module in trees.items():
+        bound: dict = {}
+        for node in ast.walk(module):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+                unresolved.add(node.attr)
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _imported_file(rel, node, trees)
+            for alias in node.names:
+                if not alias.name.startswith("_"):
+                    continue
+                if source is None:
+                    unresolved.add(alias.name)
+                else:
+                    bound.setdefault(source, {})[alias.asname or alias.name] = alias.name
+        for source, names in bound.items():
+            importers.setdefault(source, []).append((module, names))
+    return {source: tuple(found) for source, found in importers.items()}, unresolved
+
+
+def _imported_file(rel: str, node: ast.ImportFrom, trees: dict) -> Optional[str]:
+    """The scanned file (path relative to the root) that ``from <module> import ...`` in ``rel``
+    names, or None: a module ``a/b.py`` or a package ``a/b/__init__.py``."""
+    folders = rel.split("/")[:-1]
+    if node.level > len(folders) + 1:
+        return None
+    base = folders[:len(folders) - node.level + 1] if node.level else []
+    dotted = "/".join(base + (node.module.split(".") if node.module else []))
+    return next((path for path in (dotted + ".py", dotted + "/__init__.py") if path in trees), None)
 
 
 def _annotations(function) -> dict:
@@ -555,11 +603,11 @@ def scan_files(root: Path, paths: list[Path]) -> tuple[list[RaiseSite], list[str
             continue
         sources[rel] = text.splitlines()
     types = catalogued_classes(trees)
-    imported = {alias.name for module in trees.values() for node in ast.walk(module)
-                if isinstance(node, ast.ImportFrom) for alias in node.names}
+    importers, unresolved = private_importers(trees)
     sites = []
     for rel, module in trees.items():
-        choices = {name: params for name, params in literal_arguments(module).items() if name not in imported}
+        narrowed = literal_arguments(module, importers.get(rel, ()))
+        choices = {name: params for name, params in narrowed.items() if name not in unresolved}
         collector = _SiteCollector(rel, sources[rel], types, module_constants(module), choices)
         try:
             collector.visit(module)

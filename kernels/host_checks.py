@@ -1,6 +1,6 @@
 """Whether :func:`kernels.flash_attn_with_kvcache` runs the validation's value checks.
 
-The value checks (:func:`attn_ref.validation.check_kvcache_values` and the ``cu_seqlens_*`` offsets:
+The value checks (:func:`attn_ref.value_checks.check_kvcache_values` and the ``cu_seqlens_*`` offsets:
 index ranges, cache capacity, ``cu_seqlens`` values, duplicate write slots, rotary table rows, ...)
 read index tensors back to the host: a device-to-host sync per call, which a CUDA graph capture
 refuses. The static checks (types, shapes, dtypes, devices, options) read no tensor values and

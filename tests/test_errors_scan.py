@@ -138,6 +138,25 @@ def test_private_helper_names_narrow_to_the_literals_its_calls_pass(tmp_path):
     assert not re.fullmatch(regex, "block_table must have contiguous last dimension")
 
 
+def test_helpers_imported_by_name_narrow_to_the_literals_of_every_module(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "checks.py").write_text(
+        '_LIMIT = 1\n\n\ndef _require_last_dim(name, x):\n    if x.stride(-1) != 1:\n'
+        '        raise ValueError(f"{name} must have contiguous last dimension")\n')
+    (tmp_path / "pkg" / "a.py").write_text(
+        'from .checks import _LIMIT, _require_last_dim\n\n\n'
+        'def f(k_cache):\n    _require_last_dim("k_cache", k_cache)\n')
+    (tmp_path / "pkg" / "b.py").write_text(
+        'from pkg.checks import _require_last_dim as last\n\n\ndef g(out):\n    last("out", out)\n')
+    (site,) = scan(tmp_path)[0]
+    assert re.fullmatch(site.message.regex, "out must have contiguous last dimension")
+    assert not re.fullmatch(site.message.regex, "block_table must have contiguous last dimension")
+    (tmp_path / "pkg" / "c.py").write_text(
+        'from pkg import checks\n\n\ndef h(x):\n    checks._require_last_dim(str(x), x)\n')
+    (opened,) = scan(tmp_path)[0]
+    assert re.fullmatch(opened.message.regex, "block_table must have contiguous last dimension")
+
+
 def test_helpers_called_with_other_values_or_imported_stay_open(tmp_path):
     (open_site,) = _scan_source(tmp_path, '''
         def _require(name, x):

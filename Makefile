@@ -1,5 +1,6 @@
 # Two entry points (see README): `make serve` builds and serves the docs site, `make test` runs the
-# test suite on CPU (Triton kernels through the interpreter). Both create/refresh .venv as needed.
+# linter and formatter check (`make lint`), then the test suite on CPU (Triton kernels through the
+# interpreter). Both create/refresh .venv as needed.
 # The exact versions below are the ones that work on the project's CPU machines; pyproject.toml keeps
 # ranges for users who bring their own (CUDA) torch.
 
@@ -12,9 +13,9 @@ PINNED := triton==3.9.0 numpy==2.4.6 pytest==9.2.0 hypothesis==6.170.17 pytest-t
 	jsonschema==4.26.0 nbformat==5.11.1 nbclient==0.11.0 ipykernel==7.4.0 matplotlib==3.11.2 \
 	mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocs-jupyter==0.26.3 'mkdocstrings[python]==1.0.8' \
 	mkdocstrings-python==2.0.11 playwright==1.65.2 jupytext==1.19.6 django-static-mathjax==3.2.2.1 \
-	transformers==5.23.0
+	transformers==5.23.0 ruff==0.16.9
 
-.PHONY: serve test docs venv browser clean
+.PHONY: serve test lint docs venv browser clean
 
 venv: $(STAMP)
 
@@ -38,7 +39,12 @@ browser:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 		--no-install-recommends chromium >/dev/null; }
 
-test: $(STAMP) browser
+# The linter and the formatter (configured in pyproject.toml) run before the tests: fail fast.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(STAMP) lint browser
 	TRITON_INTERPRET=1 $(PY) -m pytest -q
 
 clean:

@@ -20,7 +20,7 @@ row ``m // g``, head ``kv_head·g + m % g``. K/V blocks of ``BLOCK_N`` keys are 
 static bound; programs past ``Sq_b`` rows exit at once).
 
 **Pieces**, in call order, each with a reference twin of the same name (side-by-side page
-``attention``): the program :func:`_split_states_kernel` (:func:`attn_ref.kvcache._split_states`)
+``attention``): the program :func:`_split_states_kernel` (:func:`attn_ref.attention._split_states`)
 places its tile, loads it (:func:`_load_q`), folds the fp8 factors into the scale (:func:`_dequantize`),
 takes its split's keys (:func:`kernels.splits.split_bounds`), attends them (:func:`_attention_with_lse`
 over :func:`kernels.masks.tile_key_range`; its key loop :func:`_attend_key_blocks` uses

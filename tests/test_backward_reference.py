@@ -9,8 +9,8 @@
   dense forward by FlashAttention's rule (the low-precision baseline is autograd through the dense
   attention computed in the input dtype).
 * Rows that see no key (causal, ``Sq > Sk``) get zero gradients, no NaN.
-* Through the SP backend: :meth:`AttentionBackend.attend` is differentiable, and a backend without a
-  backward refuses it.
+* Through the SP backend: :meth:`sp.AttentionBackend.attend` is differentiable, and a backend
+  without a backward refuses it.
 """
 
 from __future__ import annotations

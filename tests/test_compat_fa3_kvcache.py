@@ -1,4 +1,4 @@
-"""Drop-in compatibility with FlashAttention-3's own ``test_flash_attn_kvcache`` (spec sections 1.7, 4.4).
+"""Drop-in compatibility with FlashAttention-3's own ``test_flash_attn_kvcache``.
 
 The inputs are built the way FA3's hopper test builds them (with ``batch=3`` instead of FA3's 5, to
 fit the kernels' interpreter runs into the CI budget): ``nheads=6`` with

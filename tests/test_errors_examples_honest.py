@@ -1,4 +1,4 @@
-"""Examples a user would write (issue 27): what can be checked of them without running them.
+"""Examples a user would write: what can be checked of them without running them.
 
 * the guard decides with the entry's predicate: it calls the function the predicate defines;
 * the fixed example makes the trigger's own call (the same function, the cause corrected);

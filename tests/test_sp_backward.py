@@ -6,7 +6,8 @@ collectives' adjoints over the Triton backward, interpreted on CPU) a few. Every
 shard of one global problem (the layouts of :mod:`test_sequence_parallel_ranks`), runs an SP entry
 point, and calls ``torch.autograd.backward`` on its outputs (and LSEs, when the entry point returns
 them) with its rows of one global upstream gradient, passed **non-contiguous** (gloo scrambles
-non-contiguous buffers silently, spec §9). Replicated rows get the same upstream gradient on every rank.
+non-contiguous buffers silently, which is why the collectives' backwards make gradients
+contiguous first). Replicated rows get the same upstream gradient on every rank.
 
 The expected gradients are float64 autograd of dense attention over the whole sequence, for the
 single-device loss ``Σ out·dO + Σ lse·dLSE`` in which the replicated rows appear once. Each rank's

@@ -3,9 +3,10 @@ the tests' cases and the benchmarks' problems (:func:`benchmarks.problems.make_i
 timed problems are tested ones.
 
 :func:`make_case` returns the keyword arguments of one call, with every per-sequence length drawn at
-random inside its legal range, the way FlashAttention's ``test_flash_attn_kvcache`` does (section 4.4
-of the spec): ``cache_seqlens + new <= capacity``, ``0 <= cache_leftpad <= cache_seqlens``, pages
-shuffled with spare pages left unused, cache rows picked from a larger cache with ``cache_batch_idx``.
+random inside its legal range, the way FlashAttention's ``test_flash_attn_kvcache`` does
+(``hopper/test_flash_attn.py``): ``cache_seqlens + new <= capacity``,
+``0 <= cache_leftpad <= cache_seqlens``, pages shuffled with spare pages left unused, cache rows
+picked from a larger cache with ``cache_batch_idx``.
 The tests reach it through ``tests/kvcache_cases.py``, the benchmarks through ``benchmarks/calls.py``.
 """
 

@@ -4,7 +4,8 @@ Each case changes a few arguments of :func:`base` (a valid call that appends new
 that ran after the append would leave a trace in the caches) and names the exception type and exact
 message (or a compiled pattern). ``UPSTREAM_ORDER`` pins sglang's five ValueErrors (and its two
 stride checks, which sglang asserts and this package raises as ValueErrors), SGL-B's ``ver`` check
-before them, and the order consequences of spec section 2.2. ``PACKAGE_CHECKS`` are this package's
+before them, and what their order implies (``v_cache`` missing wins over every other error; without
+``q`` and ``k_cache`` the ``k_cache`` message comes first). ``PACKAGE_CHECKS`` are this package's
 own, extra checks; ``UPSTREAM_REJECTS`` names those whose calls upstream rejects too (a C++
 ``TORCH_CHECK``), which any conforming implementation must refuse without touching its caches.
 
@@ -323,8 +324,8 @@ PACKAGE_CHECKS = {
                            "batch entry 1: rotary positions up to 6 are needed, but rotary_cos has only 6 rows"),
 }
 
-#: ``PACKAGE_CHECKS`` entries whose calls upstream refuses as well (a C++ ``TORCH_CHECK`` of spec
-#: section 2.5, raised before the kernel writes anything): a conforming implementation raises some
+#: ``PACKAGE_CHECKS`` entries whose calls upstream refuses as well (a C++ ``TORCH_CHECK`` of FA3's
+#: ``mha_fwd``, raised before the kernel writes anything): a conforming implementation raises some
 #: exception for each, with its own message, and leaves the caches as they were.
 UPSTREAM_REJECTS = (
     "k_cache_dtype", "k_dtype", "page_table_dtype", "cache_seqlens_dtype", "cu_seqlens_q_dtype", "qv_dtype",

@@ -2,8 +2,10 @@
 
 It shares no code with :mod:`attn_ref`: it gathers each sequence's logical cache into dense K/V with
 its own indexing (FA's ``k_paged[page_table]`` view), expands GQA heads with ``repeat_interleave``,
-builds scores with ``einsum`` and explicit bottom-right masks from the formulas of the spec (sections
-3.5 and 4.2, True = masked), and treats sinks as an extra logit column (section 3.10).
+builds scores with ``einsum`` and explicit bottom-right masks (True = masked), built the way
+FlashAttention's test reference builds its local and chunk masks (the rule:
+``docs/concepts/masks.md``), and treats sinks as an extra logit column (one logit per head, no
+value: it adds ``exp(sink)`` to the softmax sum, so the LSE includes it).
 
 ``upcast=True`` is the float64 oracle of the whole call (:func:`kvcache_oracle`; its single-sequence
 piece :func:`dense_attention` upcasts to fp32 unless told ``exact=torch.float64``), its result cast to

@@ -1,4 +1,4 @@
-"""Tolerance rules of the tests and the conformance suite (FlashAttention's, spec section 4.5).
+"""Tolerance rules of the tests and the conformance suite (FlashAttention's kvcache test's rule).
 
 An implementation's output is compared with an fp32 oracle ``out_ref`` relative to how far the *same*
 oracle computed in the low dtype, ``out_lowp``, lands from ``out_ref``::

@@ -3,8 +3,9 @@
 The output passes FlashAttention's rule (its error at most 2x, mean 1.5x, the error of the same
 computation in the input dtype, plus 1e-5; 4x / 3x for fp8; :func:`tolerance.fa_error`); the LSE
 (fp32) is within ``1e-5 + 1e-5 |lse|`` and has the oracle's infinities (:func:`tolerance.lse_error`).
-Split-KV partials, when the call returns them, must combine (the LSE-weighted sum of spec section
-3.12) to an output and an LSE that pass the same rules.
+Split-KV partials, when the call returns them, must combine (``lse = logsumexp_s lse_s``,
+``out = Σ_s exp(lse_s - lse) out_s``: :func:`attn_ref.merge.merge_attention_states`) to an
+output and an LSE that pass the same rules.
 """
 
 from __future__ import annotations

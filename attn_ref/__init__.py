@@ -3,6 +3,8 @@
 The specification in code, and the numerical oracle the Triton kernels (:mod:`kernels`) are tested
 against. All math runs in fp32 whatever the input dtype. Layout ``(batch, seq, heads, head_dim)``.
 
+* :mod:`attn_ref.dense` - the formula itself, dense (:func:`~attn_ref.dense.attention`,
+  :func:`~attn_ref.dense.visible`): what the rest computes faster.
 * :func:`flash_attn_with_kvcache` - sglang's FA3 KV-cache attention API.
 * Building blocks: :func:`attention_with_lse`, :class:`AttentionMask`, :func:`apply_rotary`,
   :func:`gather_cache` / :func:`paged_to_dense`, :func:`merge_attention_states`, :func:`split_bounds`.
@@ -10,6 +12,7 @@ against. All math runs in fp32 whatever the input dtype. Layout ``(batch, seq, h
 * :func:`attention_backward` - the gradients of attention from its saved output and LSE.
 """
 
+from . import dense
 from .attention import attention_with_lse
 from .backward import attention_backward
 from .call import KVCacheCall
@@ -29,6 +32,7 @@ __all__ = [
     "attention_with_lse",
     "cache_slots",
     "check_kvcache_args",
+    "dense",
     "flash_attn_with_kvcache",
     "gather_cache",
     "merge_attention_states",

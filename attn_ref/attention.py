@@ -1,4 +1,6 @@
-"""Attention of one sequence over a set of keys, with its log-sum-exp: the math at the centre.
+"""Attention of one sequence over a set of keys, with its log-sum-exp: the tiled optimisation of
+the dense formula, :mod:`attn_ref.dense` (the specification; ``tests/test_dense.py`` checks that
+the two agree).
 
 For query row ``i``, query head ``head`` (served by KV head ``kv_head = head // g``, ``g = h / h_k``, GQA)::
 

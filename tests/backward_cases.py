@@ -1,8 +1,9 @@
 """Shared pieces of the backward tests (:mod:`test_backward_reference`, :mod:`test_backward_kernels`).
 
-The expected gradients are autograd through the forward's own oracle, :func:`dense_oracle.dense_attention`
-(float64 for the reference gradient, the input dtype for FlashAttention's low-precision baseline), so the
-backward is checked against the same dense formulation as the forward, masks and softcap included.
+The expected gradients are autograd through the forward's own oracle, the dense formula
+:func:`attn_ref.dense.attention` (float64 for the reference gradient, the input dtype for
+FlashAttention's low-precision baseline), so the backward is checked against the same dense
+formulation as the forward, masks and softcap included.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import attn_ref
-from dense_oracle import dense_attention
+from attn_ref import dense
 from tolerance import assert_close_fa
 
 #: The forward's masks and softcap, as keyword arguments of ``attention_backward`` (every row of the
@@ -27,14 +28,17 @@ MASKS = {
 
 
 def dense_forward(q, k, v, scale, upcast=True, causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0):
-    """:func:`dense_oracle.dense_attention` over a batch: ``(out [B, Sq, H, Dv], lse [B, Sq, H])``.
+    """:func:`attn_ref.dense.attention` in the backward's layout: ``(out [b, s_q, h, d_v],
+    lse [b, s_q, h])``.
 
-    ``q [B, Sq, H, D]``, ``k [B, Sk, Hkv, D]``, ``v [B, Sk, Hkv, Dv]``; differentiable (``upcast=False``
-    computes in the inputs' dtype, float64 included).
+    ``q [b, s_q, h, d]``, ``k [b, s_k, h_k, d]``, ``v [b, s_k, h_k, d_v]``; differentiable
+    (``upcast=False`` computes in the inputs' dtype, float64 included). One sequence at a time, as
+    the oracle attends: the same bits (a matmul batched over sequences may round differently).
     """
-    states = [dense_attention(q[i], k[i], v[i], scale, causal, window_size, attention_chunk, softcap, upcast=upcast)
-              for i in range(q.shape[0])]
-    return torch.stack([o for o, _ in states]), torch.stack([lse.T for _, lse in states])
+    states = [dense.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], scale, causal, window_size,
+                              attention_chunk, softcap, upcast=upcast) for i in range(q.shape[0])]
+    out, lse = (torch.cat(parts) for parts in zip(*states))
+    return out, lse.transpose(1, 2)
 
 
 def random_problem(shape, dtype, seed):

@@ -12,7 +12,7 @@ import torch
 
 import attn_ref
 from attn_ref import sequence_parallel as sp
-from dense_oracle import dense_attention
+from backward_cases import dense_forward
 
 #: Global (sharded) sequence length, replicated tokens, batch, head dim.
 SEQ, N_REP, BATCH, HEAD_DIM = 16, 3, 2, 16
@@ -66,7 +66,7 @@ def _attention(q, k, v, causal):
 def _attention_lowp(q, k, v, causal):
     """The same attention computed in q's dtype (FA's ``upcast=False`` oracle), for the tolerance."""
     scale = q.shape[-1] ** -0.5
-    return torch.stack([dense_attention(q[b], k[b], v[b], scale, causal, upcast=False)[0] for b in range(q.shape[0])])
+    return dense_forward(q, k, v, scale, upcast=False, causal=causal)[0]
 
 
 def _full_inputs(case: Case) -> dict[str, torch.Tensor]:

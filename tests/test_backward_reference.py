@@ -1,7 +1,7 @@
 """The reference attention backward (:func:`attn_ref.attention_backward`) against autograd.
 
 * ``gradcheck`` in float64: the backward, fed the saved ``out``/``lse`` of the float64 dense forward
-  (the forward's oracle, :func:`dense_oracle.dense_attention`), is the exact adjoint of that forward
+  (the forward's oracle, :func:`attn_ref.dense.attention`), is the exact adjoint of that forward
   (finite differences), including the gradient of the LSE output (``dlse``), for every mask of
   :data:`backward_cases.MASKS` (full, bottom-right causal, sliding window, chunk, softcap), GQA,
   ``Sq <= Sk``.

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import attn_ref.attention
-from attn_ref import flash_attn_with_kvcache
-from dense_oracle import dense_attention, masked_keys, sdpa_attention
+from attn_ref import dense, flash_attn_with_kvcache
+from dense_oracle import sdpa_attention
 from kvcache_cases import clone_args, make_case
 
 INF = float("inf")
@@ -166,14 +166,15 @@ def test_against_sdpa(options):
         v = args["v_cache"][table[i].long()].flatten(0, 1) if table is not None else args["v_cache"][i]
         start = int(args["cache_leftpad"][i]) if "cache_leftpad" in args else 0
         k, v = k[start:], v[start:]
-        hidden = masked_keys(3, k.shape[0], args["causal"], args["window_size"], 0)
-        if hidden.all(dim=1).any():
+        visible = dense.visible(3, k.shape[0], args["causal"], args["window_size"])
+        if not visible.any(dim=1).all():
             continue
         scale = args["q"].shape[-1] ** -0.5
-        expected = sdpa_attention(args["q"][i], k, v, scale, hidden)
+        expected = sdpa_attention(args["q"][i], k, v, scale, visible)
         torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-5)
-        oracle = dense_attention(args["q"][i], k, v, scale, args["causal"], args["window_size"])[0]
-        torch.testing.assert_close(oracle, expected, rtol=1e-5, atol=1e-5)
+        oracle, _ = dense.attention(args["q"][i, None], k[None], v[None], scale, args["causal"],
+                                    args["window_size"])
+        torch.testing.assert_close(oracle[0], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_row_chunking_gives_identical_results(monkeypatch):

@@ -22,6 +22,7 @@ if not torch.cuda.is_available():
 
 import attn_ref
 import kernels
+from attn_ref import dense
 from attn_ref import sequence_parallel as sp
 
 _ = torch.manual_seed(0)
@@ -51,7 +52,8 @@ _ = torch.manual_seed(0)
 # $dK$ and $dV$ are the **sum** over the group.
 #
 # Here are the formulas, one line each, on a small problem in float64, against autograd through
-# dense attention.
+# the forward's dense formula (`attn_ref.dense.attention`: the whole score matrix, no in-place
+# operation, so autograd differentiates it).
 
 # %%
 S, h, h_k, d = 16, 4, 2, 8
@@ -59,16 +61,9 @@ scale = d**-0.5
 
 
 def dense_attention(q, k, v, causal=False):
-    """out [B, S, h, d], lse [B, S, h] of dense attention with scale d^-0.5, differentiable (GQA by
-    repeating K/V)."""
-    g, scale = q.shape[2] // k.shape[2], q.shape[-1] ** -0.5
-    k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
-    logits = torch.einsum("bihd,bjhd->bhij", q, k) * scale
-    if causal:
-        hidden = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool).triu(k.shape[1] - q.shape[1] + 1)
-        logits = logits.masked_fill(hidden, float("-inf"))
-    lse = logits.logsumexp(-1)
-    out = torch.einsum("bhij,bjhd->bihd", (logits - lse[..., None]).exp(), v)
+    """out [B, S, h, d], lse [B, S, h]: the package's dense formula, attn_ref.dense.attention (scale
+    d^-0.5), in the backward's layout; differentiable."""
+    out, lse = dense.attention(q, k, v, causal=causal)
     return out, lse.transpose(1, 2)
 
 

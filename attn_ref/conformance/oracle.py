@@ -1,14 +1,12 @@
 """An independent dense formulation of ``flash_attn_with_kvcache``, written for the tests.
 
-It shares no code with :mod:`attn_ref`: it gathers each sequence's logical cache into dense K/V with
-its own indexing (FA's ``k_paged[page_table]`` view), expands GQA heads with ``repeat_interleave``,
-builds scores with ``einsum`` and explicit bottom-right masks (True = masked), built the way
-FlashAttention's test reference builds its local and chunk masks (the rule:
-``docs/concepts/masks.md``), and treats sinks as an extra logit column (one logit per head, no
-value: it adds ``exp(sink)`` to the softmax sum, so the LSE includes it).
+It shares no code with the implementations it checks (:mod:`attn_ref`'s tiled reference and the
+kernels): it gathers each sequence's logical cache into dense K/V with its own indexing (FA's
+``k_paged[page_table]`` view), rotates and dequantizes with its own code, and attends each sequence
+with the dense formula of :mod:`attn_ref.dense` (explicit bottom-right masks, GQA heads repeated,
+sinks as an extra logit column; the rules: ``docs/concepts/masks.md`` and ``docs/concepts/scores.md``).
 
-``upcast=True`` is the float64 oracle of the whole call (:func:`kvcache_oracle`; its single-sequence
-piece :func:`dense_attention` upcasts to fp32 unless told ``exact=torch.float64``), its result cast to
+``upcast=True`` is the float64 oracle of the whole call (:func:`kvcache_oracle`), its result cast to
 the output dtype; ``upcast=False`` runs the same math in the low dtype with the scale applied to K
 instead of q (FA's ``reorder_ops``), and for fp8 in bf16 with the probabilities rounded through fp8.
 The pair feeds :func:`tolerance.fa_error`. It lives in the package for the conformance suite
@@ -23,6 +21,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..dense import attention
 from .tolerance import assert_close_fa, assert_lse_close, assert_one_rounding_apart
 
 FP8 = torch.float8_e4m3fn
@@ -41,29 +40,6 @@ class OracleResult:
 # --------------------------------------------------------------------------------------------------
 
 
-def masked_keys(sq: int, sk: int, causal: bool, window: tuple[int, int], chunk: int) -> torch.Tensor:
-    """``(sq, sk)`` bool, True where key ``col`` is hidden from query row ``row``.
-
-    Bottom-right alignment: row ``row`` sits at key ``row + sk - sq``. Causal is the window
-    ``(left, 0)``; a side of -1 is unbounded; a chunk hides keys outside the row's chunk.
-    """
-    row = torch.arange(sq)[:, None]
-    col = torch.arange(sk)[None, :]
-    diag = row + sk - sq
-    left, right = int(window[0]), int(window[1])
-    if causal:
-        right = 0
-    hidden = torch.zeros(sq, sk, dtype=torch.bool)
-    if right >= 0:
-        hidden |= col > diag + right
-    if left >= 0:
-        hidden |= col < diag - left
-    if chunk > 0:
-        first = diag - diag % chunk  # torch's % is a floor modulo, right for negative diag
-        hidden |= (col < first) | (col >= first + chunk)
-    return hidden
-
-
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, interleaved: bool):
     """RoPE in the ``x * cos + rotate_half(x) * sin`` form; ``x (n, heads, dim)`` -> fp32."""
     rd = 2 * cos.shape[1]
@@ -79,57 +55,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tenso
     return torch.cat((head * c[:, None] + half * s[:, None], tail), -1)
 
 
-def dense_attention(
-    q, k, v, scale, causal=False, window=(-1, -1), chunk=0, softcap=0.0, qv=None, only_qv=False,
-    sinks=None, upcast=True, p_dtype=None, exact=torch.float32,
-):
-    """One sequence. ``q (sq, h, d)``, ``k (sk, h_k, d)``, ``v (sk, h_k, dv)``, ``qv (sq, h, dv)``.
-
-    Returns ``out (sq, h, dv)`` in the compute dtype (``exact`` if ``upcast``, else the inputs')
-    and fp32 ``lse (h, sq)`` (float64 for float64 inputs without ``upcast``).
-    """
-    ref = qv if only_qv else q
-    compute = exact if upcast else ref.dtype
-    sq, h = ref.shape[:2]
-    sk, h_k = v.shape[:2]
-    g = h // h_k
-    # GQA: query head j uses kv head j // g. (sk, h, d|dv)
-    k_rep = None if only_qv else k.to(compute).repeat_interleave(g, dim=1)
-    v_rep = v.to(compute).repeat_interleave(g, dim=1)
-    scores = torch.zeros(h, sq, sk, dtype=compute)
-    # With softcap the scale goes inside the tanh as scale / softcap, after the dot products (as in
-    # FA3's kernel): scaling q or k first would overflow for a huge scale that tanh then saturates.
-    scale, inner = (1.0, scale / softcap) if softcap > 0 else (scale, 1.0)
-    if upcast:
-        if not only_qv:
-            scores += torch.einsum("thd,shd->hts", q.to(compute) * scale, k_rep)
-        if qv is not None:
-            scores += torch.einsum("thd,shd->hts", qv.to(compute) * scale, v_rep)
-    else:  # reorder_ops: scale the keys instead of the queries
-        if not only_qv:
-            scores += torch.einsum("thd,shd->hts", q.to(compute), k_rep * scale)
-        if qv is not None:
-            scores += torch.einsum("thd,shd->hts", qv.to(compute), v_rep * scale)
-    if softcap > 0:
-        scores = torch.tanh(scores * inner) * softcap  # before masking
-    scores = scores.masked_fill(masked_keys(sq, sk, causal, window, chunk), float("-inf"))
-    if sinks is not None:  # the sink is one more logit per head, with no value
-        scores = torch.cat((scores, sinks.to(compute)[:, None, None].expand(h, sq, 1)), dim=-1)
-    # -inf for a row with nothing to attend; computed in at least fp32, returned in fp32 (float64 for
-    # float64 inputs without upcast: the backward tests differentiate it in float64)
-    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
-    lse = lse if compute == torch.float64 and not upcast else lse.float()
-    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :sk]  # all -inf row: NaN -> 0
-    if p_dtype is not None:
-        p = p.to(p_dtype).to(compute)
-    return torch.einsum("hts,shd->thd", p, v_rep), lse
-
-
-def sdpa_attention(q, k, v, scale, hidden):
-    """Torch SDPA with an explicit mask (``hidden`` True = masked; every row must see a key)."""
+def sdpa_attention(q, k, v, scale, visible):
+    """Torch SDPA of one sequence with an explicit mask (``visible (s_q, s_k)``: True where row
+    ``i`` sees key ``j``; every row must see a key)."""
     g = q.shape[1] // k.shape[1]
     qt, kt, vt = (x.float().transpose(0, 1) for x in (q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)))
-    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=~hidden, scale=scale).transpose(0, 1)
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible, scale=scale)
+    return out.transpose(0, 1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -236,7 +168,7 @@ def kvcache_oracle(
 
     # 2. Attention of each sequence over its valid keys [leftpad, cache_seqlens + new).
     compute = torch.float64 if upcast else out_dtype
-    cast = (lambda x: None if x is None else x.to(compute))  # noqa: E731
+    one = (lambda x: None if x is None else x.to(compute)[None])  # noqa: E731 (a batch of one)
     out = torch.zeros(q_off[-1], h, dv, dtype=out_dtype)
     # Zero-length KV tensors (no cache tokens, nothing appended): FA3 skips the kernel, lse = +inf.
     empty_kv = not paged and v_cache.shape[1] == 0 and (k is None or k.numel() == 0)
@@ -259,12 +191,12 @@ def kvcache_oracle(
                 kk = kk.float() * k_descale[i][None, :, None]
             if v_descale is not None:
                 vv = vv.float() * v_descale[i][None, :, None]
-        o, l = dense_attention(
-            cast(qq), cast(kk), cast(vv), softmax_scale, causal, (wl, wr), chunk, softcap,
-            cast(qvq), only_qv, sinks, upcast, p_dtype=FP8 if fp8 and not upcast else None, exact=torch.float64,
+        o, l = attention(
+            one(qq), one(kk), one(vv), softmax_scale, causal, (wl, wr), chunk, softcap, sinks,
+            one(qvq), upcast=upcast, p_dtype=FP8 if fp8 and not upcast else None,
         )
-        out[q_off[i]:q_off[i + 1]] = o.to(out_dtype)
-        lse[:, q_off[i]:q_off[i + 1]] = l
+        out[q_off[i]:q_off[i + 1]] = o[0].to(out_dtype)
+        lse[:, q_off[i]:q_off[i + 1]] = l[0]
 
     if not varlen:
         sq = ref.shape[1]

@@ -27,14 +27,13 @@ call's results.
 
 from __future__ import annotations
 
-from functools import reduce
 from typing import Optional
 
 import torch
 
 from .call import KVCacheCall
 from .masks import tile_key_range, visible_keys
-from .merge import merge_attention_states
+from .merge import _merge_states
 from .paged import gather_range
 from .rotary import apply_rotary
 from .splits import split_bounds
@@ -77,7 +76,7 @@ def _split_states(call: KVCacheCall, i: int, n_splits: int):
                 key_offset=b0, seqlen_k=sk,
             )
             blocks.append((o, lse.T))
-        states.append(reduce(lambda a, b: merge_attention_states(*a, *b), blocks))
+        states.append(_merge_states(blocks))
     return states
 
 

@@ -7,7 +7,8 @@ against. All math runs in fp32 whatever the input dtype. Layout ``(batch, seq, h
   :func:`~attn_ref.dense.visible`): what the rest computes faster.
 * :func:`flash_attn_with_kvcache` - sglang's FA3 KV-cache attention API.
 * Building blocks: :func:`attention_with_lse`, :class:`AttentionMask`, :func:`apply_rotary`,
-  :func:`gather_cache` / :func:`paged_to_dense`, :func:`merge_attention_states`, :func:`split_bounds`.
+  :func:`gather_cache` / :func:`paged_to_dense`, :func:`merge_attention_states` /
+  :func:`combine_attention_states`, :func:`split_bounds`.
 * :func:`check_kvcache_args` - the validation shared with the kernels.
 * :func:`attention_backward` - the gradients of attention from its saved output and LSE.
 """
@@ -18,7 +19,7 @@ from .backward import attention_backward
 from .call import KVCacheCall
 from .kvcache import flash_attn_with_kvcache
 from .masks import AttentionMask
-from .merge import merge_attention_states
+from .merge import combine_attention_states, merge_attention_states
 from .paged import cache_slots, gather_cache, paged_to_dense, scatter_cache
 from .rotary import apply_rotary
 from .splits import split_bounds
@@ -32,6 +33,7 @@ __all__ = [
     "attention_with_lse",
     "cache_slots",
     "check_kvcache_args",
+    "combine_attention_states",
     "dense",
     "flash_attn_with_kvcache",
     "gather_cache",

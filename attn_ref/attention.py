@@ -29,14 +29,13 @@ call's results.
 
 from __future__ import annotations
 
-from functools import reduce
 from typing import Optional
 
 import torch
 
 from .call import KVCacheCall
 from .masks import NO_MASK, AttentionMask
-from .merge import merge_attention_states
+from .merge import _merge_states
 from .paged import gather_range
 from .rotary import apply_rotary
 from .splits import split_bounds
@@ -77,7 +76,7 @@ def _split_states(call: KVCacheCall, i: int, n_splits: int):
                 call.sinks if s == 0 and b0 == k0 else None,  # the sink is counted once: in split 0
                 key_offset=b0, seqlen_k=sk,
             ))
-        states.append(reduce(lambda a, b: merge_attention_states(*a, *b), blocks))
+        states.append(_merge_states(blocks))
     return states
 
 

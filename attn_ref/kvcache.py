@@ -10,7 +10,6 @@ The call runs in three steps, each a short function (the append's in :mod:`attn_
 
 from __future__ import annotations
 
-from functools import reduce
 from typing import Callable, Optional, Union
 
 import torch
@@ -20,7 +19,7 @@ from .error_notes import catalogued
 from .append import append_kv
 from .attention import _split_states, _store_state
 from .call import KVCacheCall
-from .merge import merge_attention_states
+from .merge import _merge_states
 from .validation import check_kvcache_args
 
 
@@ -161,12 +160,6 @@ def attend(call: KVCacheCall):
             for s, partial in enumerate(partials):
                 _store_state(partial, rows, accum[s], lse_accum[s])
     return _to_caller_layout(call, out_rows, lse_rows, accum, lse_accum)
-
-
-def _merge_states(partials):
-    """One state ``(out (sq, h, dv), lse (sq, h))`` from the split states, folded in split order with
-    :func:`attn_ref.merge.merge_attention_states`."""
-    return reduce(lambda a, b: merge_attention_states(*a, *b), partials)
 
 
 def _to_caller_layout(call: KVCacheCall, out_rows, lse_rows, accum, lse_accum):

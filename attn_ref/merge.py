@@ -14,12 +14,17 @@ Conventions: a state over no visible key is ``(0, -inf)``; merging two such stat
 ``-inf``, as sglang's ``merge_state`` does. Libraries that use base-2 LSEs (FlashInfer, the Triton
 tutorial) must convert with ``lse_e = lse_2 * ln 2`` first.
 
-:func:`check_merge_states` is the argument check of both this function and
-:func:`kernels.merge_attention_states` (same messages, same order); :func:`check_state` checks one
-state and also serves ``kernels.combine_attention_states``.
+:func:`merge_attention_states` merges two states, :func:`combine_attention_states` folds ``n``
+stacked ones left to right, ``((s_0 ⊕ s_1) ⊕ s_2) ⊕ ...``, with :func:`_merge_states`, the fold
+that :func:`attn_ref.kvcache.attend` also runs on its split states (the order the kernels' merge
+kernel folds in). Their argument checks, :func:`check_merge_states` and
+:func:`check_combine_states`, are also those of :func:`kernels.merge_attention_states` and
+:func:`kernels.combine_attention_states` (same messages, same order).
 """
 
 from __future__ import annotations
+
+from functools import reduce
 
 import torch
 
@@ -39,12 +44,39 @@ def merge_attention_states(
     return _merge_pair(out_a.float(), lse_a.float(), out_b.float(), lse_b.float())
 
 
+@catalogued
+def combine_attention_states(
+    out_partials: torch.Tensor, lse_partials: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold ``n`` attention states ``s_0 ⊕ s_1 ⊕ ... ⊕ s_{n-1}`` left to right, in index order (e.g.
+    the split-KV partials), in fp32.
+
+    Shapes: ``out_partials (n, ..., dim)``, ``lse_partials (n, ...)``, any float dtype. Returns fp32
+    ``(out (..., dim), lse (...))``. ``+inf`` LSEs are read as ``-inf``, also when ``n = 1``.
+    """
+    check_combine_states(out_partials, lse_partials)
+    outs = out_partials.to(torch.float32, copy=True)  # a copy: one state is returned as it is
+    lses = _no_plus_inf(lse_partials.float())
+    return _merge_states(list(zip(outs, lses)))
+
+
 def check_merge_states(out_a, lse_a, out_b, lse_b) -> None:
     """Two attention states of one shape: ``out_* (..., dim)``, ``lse_* (...)`` = ``out_a.shape[:-1]``."""
     check_state("out_a", out_a, "lse_a", lse_a)
     check_state("out_b", out_b, "lse_b", lse_b)
     if out_b.shape != out_a.shape:
         raise ValueError(f"out_b must have the shape of out_a {tuple(out_a.shape)}, got {tuple(out_b.shape)}")
+
+
+def check_combine_states(out_partials, lse_partials) -> None:
+    """``n >= 1`` stacked attention states (:func:`check_state`): ``out_partials (n, ..., dim)``,
+    ``lse_partials (n, ...)``."""
+    check_state("out_partials", out_partials, "lse_partials", lse_partials)
+    if out_partials.dim() < 2 or out_partials.shape[0] == 0:
+        raise ValueError(
+            f"out_partials must be (n, ..., dim) with n >= 1 states, got shape "
+            f"{tuple(out_partials.shape)}"
+        )
 
 
 def check_state(out_name: str, out, lse_name: str, lse) -> None:
@@ -62,6 +94,12 @@ def check_state(out_name: str, out, lse_name: str, lse) -> None:
             f"{out_name} and {lse_name} must be floating point on one device, got {out.dtype} on "
             f"{out.device} and {lse.dtype} on {lse.device}"
         )
+
+
+def _merge_states(states):
+    """The fold of checked fp32 states ``[(out (..., dim), lse (...))]`` in their order,
+    ``((s_0 ⊕ s_1) ⊕ s_2) ⊕ ...``: ``(out (..., dim), lse (...))``; one state is returned as is."""
+    return reduce(lambda a, b: _merge_pair(*a, *b), states)
 
 
 def _merge_pair(out_a, lse_a, out_b, lse_b):

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attn_ref.merge import check_merge_states, check_state
+from attn_ref.merge import check_combine_states, check_merge_states
 from attn_ref.error_notes import catalogued
 
 from .launch import Launch, next_power_of_2, explicit_rounding
@@ -57,12 +57,9 @@ def combine_attention_states(out_partials: torch.Tensor, lse_partials: torch.Ten
 
     Shapes: ``out_partials (n, ..., dim)``, ``lse_partials (n, ...)``. Returns fp32
     ``(out (..., dim), lse (...))``. ``+inf`` LSEs are read as ``-inf``, also when ``n = 1``.
+    Arguments are checked by :func:`attn_ref.merge.check_combine_states`, as in the reference.
     """
-    check_state("out_partials", out_partials, "lse_partials", lse_partials)
-    if out_partials.dim() < 2 or out_partials.shape[0] == 0:
-        raise ValueError(
-            f"out_partials must be (n, ..., dim) with n >= 1 states, got shape {tuple(out_partials.shape)}"
-        )
+    check_combine_states(out_partials, lse_partials)
     n = out_partials.shape[0]
     states = _rows(out_partials, leading=1)[:, None, None]  # (n, 1, 1, R, dim)
     lses = lse_partials.reshape(n, 1, 1, -1)  # (n, 1, 1, R)

@@ -1,7 +1,5 @@
-"""kernels.merge_attention_states / combine_attention_states against attn_ref.merge_attention_states
-(the errors both share: tests/test_merge_states.py)."""
-
-from functools import reduce
+"""kernels.merge_attention_states / combine_attention_states against the reference's, and both
+combines against the direct float64 formula (the errors both share: tests/test_merge_states.py)."""
 
 import pytest
 import torch
@@ -28,8 +26,14 @@ def states(n, shape, dim, dtype, seed=0):
     return outs, lses
 
 
-def reference_fold(outs, lses):
-    return reduce(lambda a, b: attn_ref.merge_attention_states(*a, *b), zip(outs, lses))
+def combined_float64(outs, lses):
+    """The fold of ``n`` states as one formula in float64, with ``+inf`` read as ``-inf``:
+    ``lse = log Σ_s e^{lse_s}``, ``out = Σ_s e^{lse_s - lse} out_s`` (``(0, -inf)`` where every
+    state is empty)."""
+    lses = lses.double().where(lses != INF, -INF)
+    lse = torch.logsumexp(lses, dim=0)
+    weights = torch.exp(lses - lse).nan_to_num(0.0)  # -inf - -inf: a row of empty states weighs 0
+    return (weights[..., None] * outs.double()).sum(0), lse
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -54,16 +58,25 @@ def test_merge_reads_strided_inputs():
     assert_lse_close(lse.cpu(), lse_r)
 
 
-@pytest.mark.parametrize("n", [1, 3, 6])
-def test_combine_n_states_is_the_reference_fold(n):
-    outs, lses = states(n, (5, 3), 24, torch.float32, seed=n)
-    out, lse = kernels.combine_attention_states(outs.to(DEVICE), lses.to(DEVICE))
-    out_r, lse_r = reference_fold(outs, lses)
-    torch.testing.assert_close(out.cpu(), out_r.float(), rtol=1e-6, atol=1e-6)
-    assert_lse_close(lse.cpu(), lse_r.float().where(lse_r != INF, -INF) if n == 1 else lse_r)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_combine_n_states_both_implementations_and_the_float64_formula(n, dtype):
+    outs, lses = states(n, (5, 3), 24, dtype, seed=n)
+    outs = outs.masked_fill(lses.isinf()[..., None], 0)  # a state over no key has out 0
+    out_k, lse_k = kernels.combine_attention_states(outs.to(DEVICE), lses.to(DEVICE))
+    out_r, lse_r = attn_ref.combine_attention_states(outs, lses)
+    expected_out, expected_lse = combined_float64(outs, lses)
+    for out, lse in ((out_k.cpu(), lse_k.cpu()), (out_r, lse_r)):
+        assert out.dtype == lse.dtype == torch.float32
+        assert out.shape == (5, 3, 24) and lse.shape == (5, 3)
+        torch.testing.assert_close(out.double(), expected_out, rtol=1e-5, atol=1e-5)
+        assert_lse_close(lse, expected_lse.float())
+    torch.testing.assert_close(out_k.cpu(), out_r, rtol=1e-6, atol=1e-6)
+    assert_lse_close(lse_k.cpu(), lse_r)
 
 
-def test_combine_needs_a_state_axis():
-    with pytest.raises(ValueError) as info:
-        kernels.combine_attention_states(torch.zeros(8), torch.zeros(()))
-    assert str(info.value) == "out_partials must be (n, ..., dim) with n >= 1 states, got shape (8,)"
+def test_reference_combine_returns_new_tensors():
+    outs, lses = states(1, (5, 3), 24, torch.float32)
+    out, lse = attn_ref.combine_attention_states(outs, lses)
+    out.zero_(), lse.zero_()
+    assert outs.abs().sum() > 0 and lses.isinf().any()  # one state: copies, not views of the input

@@ -242,9 +242,9 @@ def test_ring_step_tables_are_what_the_ring_computes():
 
 def test_source_include_finds_definitions():
     path = ROOT / "attn_ref" / "masks.py"
-    start, end = definition_lines(path, "visible_keys")
+    start, end = definition_lines(path, "AttentionMask.visible_keys")  # a method, by its dotted name
     lines = path.read_text().splitlines()
-    assert lines[start - 1].startswith("def visible_keys(")
+    assert lines[start - 1].strip().startswith("def visible_keys(")
     assert lines[end - 1].strip() == "return visible"
     with pytest.raises(PluginError, match="no definition 'not_there'"):
         definition_lines(path, "not_there")

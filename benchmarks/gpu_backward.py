@@ -118,8 +118,8 @@ def make_saved_forward(problem: BackwardProblem, device: str, seed: int = 0) -> 
 
     q, k, v, dout = randn(problem.heads), randn(problem.kv_heads), randn(problem.kv_heads), randn(problem.heads)
     scale = d ** -0.5
-    out, lse, *_ = kernels.flash_attn_with_kvcache(q, k, v, softmax_scale=scale, causal=problem.causal,
-                                                   return_softmax_lse=True)
+    out, lse, *_ = kernels.flash_attn_with_kvcache(q, k, v, softmax_scale=scale,
+                                                   causal=problem.causal, return_softmax_lse=True)
     return SavedForward(q, k, v, out, lse, dout, scale)
 
 

@@ -2,9 +2,9 @@
 
 Run ``.venv/bin/python scripts/doc_figures.py [OUT_DIR]`` after changing a figure; the SVGs are
 committed, and ``tests/test_docs.py`` checks that they are what this script draws now.
-Masks are drawn from :meth:`attn_ref.AttentionMask.visible_keys` and split ranges from :func:`attn_ref.split_bounds`,
-so those figures show what the code does. Output is deterministic (fixed SVG ids, no date), and text
-stays text (``svg.fonttype = none``).
+Masks are drawn from :meth:`attn_ref.AttentionMask.visible_keys` and split ranges from
+:func:`attn_ref.split_bounds`, so those figures show what the code does. Output is deterministic
+(fixed SVG ids, no date), and text stays text (``svg.fonttype = none``).
 """
 
 from __future__ import annotations
@@ -150,14 +150,15 @@ MASK_PANELS = [
     ("causal, s_q = 2, s_k = 5", 2, 5, AttentionMask(causal=True)),
     ("causal, s_q = 5, s_k = 2", 5, 2, AttentionMask(causal=True)),
     ("window (2, 1), s_q = 4, s_k = 8", 4, 8, AttentionMask(window_size=(2, 1))),
-    ("causal + window (2, 0), s_q = 4, s_k = 8", 4, 8, AttentionMask(causal=True, window_size=(2, 0))),
+    ("causal + window (2, 0), s_q = 4, s_k = 8", 4, 8,
+     AttentionMask(causal=True, window_size=(2, 0))),
     ("chunk 3, causal, s_q = 4, s_k = 8", 4, 8, AttentionMask(causal=True, attention_chunk=3)),
 ]
 
 
 def masks() -> None:
     """Visibility matrices from AttentionMask.visible_keys, the diagonal i + Δ outlined."""
-    row_heights = [max(sq for _, sq, _, _ in MASK_PANELS[r * 3:(r + 1) * 3]) + 0.9 for r in range(2)]
+    row_heights = [max(sq for _, sq, *_ in MASK_PANELS[r * 3:(r + 1) * 3]) + 0.9 for r in range(2)]
     fig, axes = plt.subplots(2, 3, figsize=(10, 3.9), gridspec_kw={"height_ratios": row_heights, "hspace": 0.25})
     for n, (ax, (title, sq, sk, mask)) in enumerate(zip(axes.flat, MASK_PANELS)):
         visible = mask.visible_keys(sq, sk)

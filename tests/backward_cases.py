@@ -44,12 +44,13 @@ def random_problem(shape, dtype, seed):
     b, sq, sk, h, hkv, d = shape
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype) for s, n in ((sq, h), (sk, hkv), (sk, hkv)))
-    return q, k, v, torch.randn(b, sq, h, d, generator=gen).to(dtype), torch.randn(b, h, sq, generator=gen)
+    dout = torch.randn(b, sq, h, d, generator=gen).to(dtype)
+    return q, k, v, dout, torch.randn(b, h, sq, generator=gen)
 
 
 def saved_forward(q, k, v, scale, **masks):
-    """``(out [B, Sq, H, Dv] in q's dtype, lse [B, H, Sq] fp32)``: the reference forward's outputs, as
-    a training step saves them for the backward."""
+    """``(out [B, Sq, H, Dv] in q's dtype, lse [B, H, Sq] fp32)``: the reference forward's outputs,
+    as a training step saves them for the backward."""
     out, lse, *_ = attn_ref.flash_attn_with_kvcache(q, k, v, softmax_scale=scale, return_softmax_lse=True, **masks)
     return out, lse
 

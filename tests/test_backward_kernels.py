@@ -120,12 +120,13 @@ def _compile_launches(dtype, d, softcap, gqa, with_dlse):
     q, out = torch.empty(b, sq, h, d, dtype=dtype), torch.empty(b, sq, h, d, dtype=dtype)
     k, v = torch.empty(b, sk, hk, d, dtype=dtype), torch.empty(b, sk, hk, d, dtype=dtype)
     stats = torch.empty(b, h, sq)  # lse and delta, [B, H, Sq] fp32
-    dlse = torch.empty(b, h, sq).transpose(1, 2) if with_dlse else None  # the launcher's [B, Sq, H] view
+    dlse = torch.empty(b, h, sq).transpose(1, 2) if with_dlse else None  # as the launcher's, a view
     return [
         plan_preprocess(out, out, dlse, stats),
-        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1, CAUSAL,
-                  softcap=30.0 if softcap else 0.0),
-        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, CAUSAL, softcap=30.0 if softcap else 0.0),
+        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1,
+                  CAUSAL, softcap=30.0 if softcap else 0.0),
+        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, CAUSAL,
+                softcap=30.0 if softcap else 0.0),
     ]
 
 

@@ -7,8 +7,8 @@ from functools import reduce
 import pytest
 import torch
 
-from attn_ref import (AttentionMask, apply_rotary, gather_cache, merge_attention_states, paged_to_dense,
-                      scatter_cache, split_bounds)
+from attn_ref import (AttentionMask, apply_rotary, gather_cache, merge_attention_states,
+                      paged_to_dense, scatter_cache, split_bounds)
 from attn_ref.paged import gather_range
 from dense_oracle import dense_attention, logical_cache, masked_keys, rope
 

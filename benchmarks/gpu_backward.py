@@ -15,9 +15,9 @@ Cases: bf16, ``B = 1``, ``H = 32`` query heads sharing ``Hkv = 8`` KV heads, ``D
 
 Providers see the same logical problem and time the backward alone (the forward runs once, before):
 
-* ``kernels``: :func:`kernels.attention_backward` from the forward's saved ``out`` and ``lse`` (the
-  Triton kernels' forward, through ``kernels.sequence_parallel.KERNEL_BACKEND``), fp32 accumulation,
-  gradients returned in bf16;
+* ``kernels``: :func:`kernels.attention_backward` from the forward's saved ``out`` and ``lse`` (what
+  the Triton kernels' ``flash_attn_with_kvcache(..., return_softmax_lse=True)`` returns), fp32
+  accumulation, gradients returned in bf16;
 * ``sdpa_flash`` (the baseline): ``torch.autograd.grad`` through ``F.scaled_dot_product_attention``
   run under ``SDPBackend.FLASH_ATTENTION`` with ``enable_gqa=True``; if that backend refuses GQA, on
   K/V with the KV heads repeated ahead of time, the timed call then including the sum of ``dk``/``dv``
@@ -101,14 +101,14 @@ class SavedForward:
     k: torch.Tensor
     v: torch.Tensor
     out: torch.Tensor  # [B, S, H, D] bf16
-    lse: torch.Tensor  # [B, S, H] fp32
+    lse: torch.Tensor  # [B, H, S] fp32, as the forward returns it
     dout: torch.Tensor
     scale: float
 
 
 def make_saved_forward(problem: BackwardProblem, device: str, seed: int = 0) -> SavedForward:
     """Random bf16 inputs and upstream gradient, and the Triton forward's ``out`` and ``lse``."""
-    from kernels.sequence_parallel import KERNEL_BACKEND
+    import kernels
 
     gen = torch.Generator(device=device).manual_seed(seed)
     b, s, d = problem.batch, problem.seqlen, problem.head_dim
@@ -118,7 +118,8 @@ def make_saved_forward(problem: BackwardProblem, device: str, seed: int = 0) -> 
 
     q, k, v, dout = randn(problem.heads), randn(problem.kv_heads), randn(problem.kv_heads), randn(problem.heads)
     scale = d ** -0.5
-    out, lse = KERNEL_BACKEND.attend_forward(q, k, v, scale, problem.causal)
+    out, lse, *_ = kernels.flash_attn_with_kvcache(q, k, v, softmax_scale=scale,
+                                                   causal=problem.causal, return_softmax_lse=True)
     return SavedForward(q, k, v, out, lse, dout, scale)
 
 

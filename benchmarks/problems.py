@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from attn_ref import paged_to_dense, visible_keys
+from attn_ref import AttentionMask, paged_to_dense
 
 from .calls import make_case
 
@@ -173,5 +173,6 @@ def sdpa_mask(problem: Problem, device: str) -> torch.Tensor:
     causal, and each sequence's keys only up to its length (:meth:`Problem.seqlens_k`)."""
     lengths = torch.tensor(problem.seqlens_k(), device=device)
     in_sequence = torch.arange(problem.seqlen_k, device=device) < lengths[:, None]  # (b, sk)
-    visible = visible_keys(problem.seqlen_q, problem.seqlen_k, causal=problem.causal, device=device)  # (sq, sk)
+    mask = AttentionMask(causal=problem.causal)
+    visible = mask.visible_keys(problem.seqlen_q, problem.seqlen_k, device=device)  # (sq, sk)
     return visible[None, None] & in_sequence[:, None, None, :]

@@ -2,9 +2,9 @@
 
 Run ``.venv/bin/python scripts/doc_figures.py [OUT_DIR]`` after changing a figure; the SVGs are
 committed, and ``tests/test_docs.py`` checks that they are what this script draws now.
-Masks are drawn from :func:`attn_ref.visible_keys` and split ranges from :func:`attn_ref.split_bounds`,
-so those figures show what the code does. Output is deterministic (fixed SVG ids, no date), and text
-stays text (``svg.fonttype = none``).
+Masks are drawn from :meth:`attn_ref.AttentionMask.visible_keys` and split ranges from
+:func:`attn_ref.split_bounds`, so those figures show what the code does. Output is deterministic
+(fixed SVG ids, no date), and text stays text (``svg.fonttype = none``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from attn_ref import split_bounds, visible_keys  # noqa: E402
+from attn_ref import AttentionMask, split_bounds  # noqa: E402
 
 OUT = ROOT / "docs" / "figures"
 RANK = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
@@ -144,23 +144,24 @@ def gqa() -> None:
     return fig
 
 
+#: (title, seqlen_q, seqlen_k, mask) of each panel
 MASK_PANELS = [
-    ("causal, s_q = s_k = 6", dict(seqlen_q=6, seqlen_k=6, causal=True)),
-    ("causal, s_q = 2, s_k = 5", dict(seqlen_q=2, seqlen_k=5, causal=True)),
-    ("causal, s_q = 5, s_k = 2", dict(seqlen_q=5, seqlen_k=2, causal=True)),
-    ("window (2, 1), s_q = 4, s_k = 8", dict(seqlen_q=4, seqlen_k=8, window_size=(2, 1))),
-    ("causal + window (2, 0), s_q = 4, s_k = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, window_size=(2, 0))),
-    ("chunk 3, causal, s_q = 4, s_k = 8", dict(seqlen_q=4, seqlen_k=8, causal=True, attention_chunk=3)),
+    ("causal, s_q = s_k = 6", 6, 6, AttentionMask(causal=True)),
+    ("causal, s_q = 2, s_k = 5", 2, 5, AttentionMask(causal=True)),
+    ("causal, s_q = 5, s_k = 2", 5, 2, AttentionMask(causal=True)),
+    ("window (2, 1), s_q = 4, s_k = 8", 4, 8, AttentionMask(window_size=(2, 1))),
+    ("causal + window (2, 0), s_q = 4, s_k = 8", 4, 8,
+     AttentionMask(causal=True, window_size=(2, 0))),
+    ("chunk 3, causal, s_q = 4, s_k = 8", 4, 8, AttentionMask(causal=True, attention_chunk=3)),
 ]
 
 
 def masks() -> None:
-    """Visibility matrices from attn_ref.visible_keys, the diagonal i + Δ outlined."""
-    row_heights = [max(kw["seqlen_q"] for _, kw in MASK_PANELS[r * 3:(r + 1) * 3]) + 0.9 for r in range(2)]
+    """Visibility matrices from AttentionMask.visible_keys, the diagonal i + Δ outlined."""
+    row_heights = [max(sq for _, sq, *_ in MASK_PANELS[r * 3:(r + 1) * 3]) + 0.9 for r in range(2)]
     fig, axes = plt.subplots(2, 3, figsize=(10, 3.9), gridspec_kw={"height_ratios": row_heights, "hspace": 0.25})
-    for n, (ax, (title, kwargs)) in enumerate(zip(axes.flat, MASK_PANELS)):
-        sq, sk = kwargs["seqlen_q"], kwargs["seqlen_k"]
-        visible = visible_keys(**kwargs)
+    for n, (ax, (title, sq, sk, mask)) in enumerate(zip(axes.flat, MASK_PANELS)):
+        visible = mask.visible_keys(sq, sk)
         ax.set_xlim(0, 8)
         ax.set_ylim(row_heights[n // 3] - 0.9, -0.9)
         ax.set_aspect("equal")

@@ -29,7 +29,7 @@ MASKS = {
 
 def dense_forward(q, k, v, scale, upcast=True, causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0):
     """:func:`attn_ref.dense.attention` in the backward's layout: ``(out [b, s_q, h, d_v],
-    lse [b, s_q, h])``.
+    lse [b, h, s_q])`` (FA's LSE layout, as ``attention_backward`` takes it).
 
     ``q [b, s_q, h, d]``, ``k [b, s_k, h_k, d]``, ``v [b, s_k, h_k, d_v]``; differentiable
     (``upcast=False`` computes in the inputs' dtype, float64 included). One sequence at a time, as
@@ -38,22 +38,24 @@ def dense_forward(q, k, v, scale, upcast=True, causal=False, window_size=(-1, -1
     states = [dense.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], scale, causal, window_size,
                               attention_chunk, softcap, upcast=upcast) for i in range(q.shape[0])]
     out, lse = (torch.cat(parts) for parts in zip(*states))
-    return out, lse.transpose(1, 2)
+    return out, lse
 
 
 def random_problem(shape, dtype, seed):
-    """``q, k, v, dout`` in ``dtype`` and an fp32 ``dlse`` for ``shape = (B, Sq, Sk, H, Hkv, D)``."""
+    """``q, k, v, dout`` in ``dtype`` and an fp32 ``dlse [B, H, Sq]`` for
+    ``shape = (B, Sq, Sk, H, Hkv, D)``."""
     b, sq, sk, h, hkv, d = shape
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype) for s, n in ((sq, h), (sk, hkv), (sk, hkv)))
-    return q, k, v, torch.randn(b, sq, h, d, generator=gen).to(dtype), torch.randn(b, sq, h, generator=gen)
+    dout = torch.randn(b, sq, h, d, generator=gen).to(dtype)
+    return q, k, v, dout, torch.randn(b, h, sq, generator=gen)
 
 
 def saved_forward(q, k, v, scale, **masks):
-    """``(out [B, Sq, H, Dv] in q's dtype, lse [B, Sq, H] fp32)``: the reference forward's state, as a
-    training step saves it for the backward."""
+    """``(out [B, Sq, H, Dv] in q's dtype, lse [B, H, Sq] fp32)``: the reference forward's outputs,
+    as a training step saves them for the backward."""
     out, lse, *_ = attn_ref.flash_attn_with_kvcache(q, k, v, softmax_scale=scale, return_softmax_lse=True, **masks)
-    return out, lse.transpose(1, 2)
+    return out, lse
 
 
 def expected_gradients(q, k, v, dout, dlse, scale, **masks):

@@ -28,6 +28,7 @@ import torch
 
 import attn_ref
 from attn_ref import sequence_parallel as sp
+from attn_ref.masks import CAUSAL
 from backward_cases import MASKS, assert_backward_matches_float64, random_problem, saved_forward
 
 kernels_backward = pytest.importorskip("kernels.backward")
@@ -74,13 +75,13 @@ def test_kernel_equals_reference_fp32(masks, with_dlse):
     for grad, grad_ref in zip(grads, expected):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-5)
     if masks.get("causal") or "window_size" in masks:
-        assert torch.isinf(lse[:, :20]).all()
+        assert torch.isinf(lse[..., :20]).all()
         assert torch.equal(grads[0][:, :20], torch.zeros_like(grads[0][:, :20]))
 
 
 def test_kernel_grad_dtype():
     q, k, v, dout, _ = random_problem((1, 8, 8, 2, 2, 16), torch.float16, 0)
-    out, lse = sp.REFERENCE_BACKEND.attend_forward(q, k, v, 0.25, False)
+    out, lse = saved_forward(q, k, v, 0.25)
     grads = kernels_backward.attention_backward(dout, q, k, v, out, lse, 0.25, grad_dtype=torch.float32)
     assert [g.dtype for g in grads] == [torch.float32] * 3
 
@@ -119,12 +120,13 @@ def _compile_launches(dtype, d, softcap, gqa, with_dlse):
     q, out = torch.empty(b, sq, h, d, dtype=dtype), torch.empty(b, sq, h, d, dtype=dtype)
     k, v = torch.empty(b, sk, hk, d, dtype=dtype), torch.empty(b, sk, hk, d, dtype=dtype)
     stats = torch.empty(b, h, sq)  # lse and delta, [B, H, Sq] fp32
-    dlse = torch.empty(b, sq, h) if with_dlse else None
+    dlse = torch.empty(b, h, sq).transpose(1, 2) if with_dlse else None  # as the launcher's, a view
     return [
         plan_preprocess(out, out, dlse, stats),
-        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1, causal=True,
-                  softcap=30.0 if softcap else 0.0),
-        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, causal=True, softcap=30.0 if softcap else 0.0),
+        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1,
+                  CAUSAL, softcap=30.0 if softcap else 0.0),
+        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, CAUSAL,
+                softcap=30.0 if softcap else 0.0),
     ]
 
 

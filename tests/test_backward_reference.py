@@ -20,7 +20,8 @@ import torch
 
 import attn_ref
 from attn_ref import sequence_parallel as sp
-from backward_cases import MASKS, assert_backward_matches_float64, dense_forward
+from attn_ref.masks import CAUSAL, NO_MASK
+from backward_cases import MASKS, assert_backward_matches_float64, dense_forward, saved_forward
 
 
 class _DenseWithReferenceBackward(torch.autograd.Function):
@@ -72,12 +73,13 @@ def test_low_precision_matches_float64_autograd(dtype, masks):
 def test_rows_without_keys_get_zero_gradients():
     """Causal with ``Sq > Sk``: the first ``Sq - Sk`` rows see no key (``lse = -inf``)."""
     q, k, v, dout = torch.randn(1, 6, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 6, 2, 8)
-    out, lse = sp.REFERENCE_BACKEND.attend_forward(q, k, v, 0.5, True)
-    assert torch.isinf(lse[:, :2]).all()
+    out, lse = saved_forward(q, k, v, 0.5, causal=True)  # lse (b, h, s_q)
+    assert torch.isinf(lse[..., :2]).all()
     dq, dk, dv = attn_ref.attention_backward(dout, q, k, v, out, lse, 0.5, True)
     assert torch.equal(dq[:, :2], torch.zeros_like(dq[:, :2]))
     # the other rows: as for the same problem without the empty rows
-    dq_rest, dk_rest, dv_rest = attn_ref.attention_backward(dout[:, 2:], q[:, 2:], k, v, out[:, 2:], lse[:, 2:], 0.5, True)
+    dq_rest, dk_rest, dv_rest = attn_ref.attention_backward(dout[:, 2:], q[:, 2:], k, v, out[:, 2:],
+                                                            lse[..., 2:], 0.5, True)
     torch.testing.assert_close(dq[:, 2:], dq_rest)
     torch.testing.assert_close(dk, dk_rest)
     torch.testing.assert_close(dv, dv_rest)
@@ -85,14 +87,14 @@ def test_rows_without_keys_get_zero_gradients():
 
 def test_grad_dtype():
     q, k, v = (torch.randn(1, 4, 2, 8, dtype=torch.bfloat16) for _ in range(3))
-    out, lse = sp.REFERENCE_BACKEND.attend_forward(q, k, v, 0.5, False)
+    out, lse = saved_forward(q, k, v, 0.5)
     grads = attn_ref.attention_backward(torch.ones_like(out), q, k, v, out, lse, 0.5, grad_dtype=torch.float32)
     assert [g.dtype for g in grads] == [torch.float32] * 3
 
 
 def test_backend_attend_is_differentiable():
     q, k, v = (torch.randn(2, 5, 4, 8, requires_grad=True) for _ in range(3))
-    out, lse = sp.REFERENCE_BACKEND.attend(q, k, v, 0.3, True)
+    out, lse = sp.REFERENCE_BACKEND.attend(q, k, v, 0.3, CAUSAL)
     (out.sum() + lse.sum()).backward()
     leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     out64, lse64 = dense_forward(*leaves, 0.3, upcast=False, causal=True)
@@ -104,6 +106,6 @@ def test_backend_attend_is_differentiable():
 def test_backend_without_backward_refuses_the_backward():
     forward_only = sp.AttentionBackend("forward-only", attn_ref.flash_attn_with_kvcache, attn_ref.merge_attention_states)
     q = torch.randn(1, 4, 2, 8, requires_grad=True)
-    out, _ = forward_only.attend(q, q, q, 0.5, False)  # the forward works
+    out, _ = forward_only.attend(q, q, q, 0.5, NO_MASK)  # the forward works
     with pytest.raises(NotImplementedError, match=r"the 'forward-only' attention backend has no backward"):
         out.sum().backward()

@@ -242,9 +242,9 @@ def test_ring_step_tables_are_what_the_ring_computes():
 
 def test_source_include_finds_definitions():
     path = ROOT / "attn_ref" / "masks.py"
-    start, end = definition_lines(path, "visible_keys")
+    start, end = definition_lines(path, "AttentionMask.visible_keys")  # a method: a dotted name
     lines = path.read_text().splitlines()
-    assert lines[start - 1].startswith("def visible_keys(")
+    assert lines[start - 1].strip().startswith("def visible_keys(")
     assert lines[end - 1].strip() == "return visible"
     with pytest.raises(PluginError, match="no definition 'not_there'"):
         definition_lines(path, "not_there")
@@ -262,6 +262,18 @@ def parameter_rows(site: Path, page: str, qualname: str) -> list[tuple[str, str]
     return rows
 
 
+def source_defaults(function) -> dict[str, str]:
+    """Each parameter's default as its source writes it (a literal, or a constant's name such as
+    ``NO_MASK``), which is what the API tables show."""
+    node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    args = node.args
+    positional = args.posonlyargs + args.args
+    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    pairs += [(arg, default) for arg, default in zip(args.kwonlyargs, args.kw_defaults)
+              if default is not None]
+    return {arg.arg: ast.unparse(default) for arg, default in pairs}
+
+
 @pytest.mark.parametrize("page, qualname, function", [
     ("reference/attn_ref/index.html", "attn_ref.flash_attn_with_kvcache", "attn_ref.flash_attn_with_kvcache"),
     ("reference/attn_ref/index.html", "attn_ref.attention_with_lse", "attn_ref.attention_with_lse"),
@@ -269,8 +281,10 @@ def parameter_rows(site: Path, page: str, qualname: str) -> list[tuple[str, str]
 ])
 def test_api_tables_have_one_row_per_parameter_with_its_default(site, page, qualname, function):
     module, name = function.rsplit(".", 1)
-    signature = inspect.signature(getattr(importlib.import_module(module), name))
-    expected = [(p.name, "required" if p.default is p.empty else repr(p.default)) for p in signature.parameters.values()]
+    found = getattr(importlib.import_module(module), name)
+    defaults = source_defaults(found)
+    expected = [(p.name, "required" if p.default is p.empty else defaults[p.name])
+                for p in inspect.signature(found).parameters.values()]
     assert parameter_rows(site, page, qualname) == expected
 
 
@@ -303,14 +317,29 @@ def _owner(cls: type, attribute: str) -> type:
     return next((c for c in cls.__mro__ if attribute in vars(c)), cls)
 
 
+def _field_annotation(cls: type, name: str):
+    """The annotation of the field ``name`` of ``cls``, evaluated alone: another field's may name
+    a class imported only for type checkers (``if TYPE_CHECKING:``), which
+    ``typing.get_type_hints`` of the whole class cannot evaluate."""
+    for c in cls.__mro__:
+        annotation = c.__dict__.get("__annotations__", {}).get(name)
+        if annotation is not None:
+            if isinstance(annotation, str):
+                return eval(annotation, vars(sys.modules[c.__module__]))
+            return annotation
+    return None
+
+
 def _hint(owner, name: str):
     """The annotated type of ``owner``'s ``name`` (a field, a property's or a function's return), where
     it is a class (``Optional[C]``: ``C``, what the value is where it is set)."""
     try:
         if inspect.isclass(owner):
             found = inspect.getattr_static(owner, name, None)
-            hints = typing.get_type_hints(found.fget if isinstance(found, property) else owner)
-            hint = hints.get("return") if isinstance(found, property) else hints.get(name)
+            if isinstance(found, property):
+                hint = typing.get_type_hints(found.fget).get("return")
+            else:
+                hint = _field_annotation(owner, name)
         else:
             hint = typing.get_type_hints(owner).get("return")
     except Exception:  # an annotation that does not evaluate: no type

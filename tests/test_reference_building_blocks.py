@@ -7,8 +7,8 @@ from functools import reduce
 import pytest
 import torch
 
-from attn_ref import (apply_rotary, gather_cache, merge_attention_states, paged_to_dense, scatter_cache,
-                      split_bounds, visible_keys)
+from attn_ref import (AttentionMask, apply_rotary, gather_cache, merge_attention_states,
+                      paged_to_dense, scatter_cache, split_bounds)
 from attn_ref.paged import gather_range
 from attn_ref import dense
 from dense_oracle import logical_cache, rope
@@ -21,9 +21,10 @@ def test_visible_keys_is_the_dense_mask():
         range(0, 6), range(0, 7), (False, True), (-1, 0, 1, 3), (-1, 0, 2), (0, 1, 2, 3)
     ):
         expected = dense.visible(sq, sk, causal, (left, right), chunk)
-        assert torch.equal(visible_keys(sq, sk, causal, (left, right), chunk), expected)
+        mask = AttentionMask(causal=causal, window_size=(left, right), attention_chunk=chunk)
+        assert torch.equal(mask.visible_keys(sq, sk), expected)
         if sq > 2:  # a slice of rows, as the row-chunked attention asks for
-            assert torch.equal(visible_keys(sq, sk, causal, (left, right), chunk, None, 1, 3), expected[1:3])
+            assert torch.equal(mask.visible_keys(sq, sk, None, 1, 3), expected[1:3])
 
 
 @pytest.mark.parametrize("interleaved", [True, False])

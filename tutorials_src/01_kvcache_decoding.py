@@ -32,14 +32,16 @@ _ = torch.manual_seed(0)
 #
 # Take a toy sequence of 12 tokens whose queries, keys and values are already computed (a real model
 # gets them from its projections). Layout: `(seqlen, heads, head_dim)`. Attending all tokens at once
-# with a causal mask gives, in row $t$, what token $t$ should get from attention:
+# with a causal mask (`attn_ref.AttentionMask(causal=True)`, the mask object the reference's building
+# blocks take) gives, in row $t$, what token $t$ should get from attention:
 #
 # $$\text{out}_t = \sum_{j \le t} \operatorname{softmax}_j\!\left(\frac{q_t \cdot k_j}{\sqrt{d}}\right) v_j .$$
 
 # %%
 tokens, h, d = 12, 2, 16
 q_all, k_all, v_all = (torch.randn(tokens, h, d) for _ in range(3))
-expected, _ = attn_ref.attention_with_lse(q_all, k_all, v_all, softmax_scale=d**-0.5, causal=True)
+causal = attn_ref.AttentionMask(causal=True)
+expected, _ = attn_ref.attention_with_lse(q_all, k_all, v_all, softmax_scale=d**-0.5, mask=causal)
 expected.shape
 
 # %% [markdown]

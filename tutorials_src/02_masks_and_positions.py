@@ -20,11 +20,18 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## A picture of a mask
 #
-# `attn_ref.visible_keys(seqlen_q, seqlen_k, ...)` returns a boolean matrix of shape
-# `(seqlen_q, seqlen_k)`: entry $(i, j)$ is `True` when query row $i$ may attend key $j$. A small
-# helper draws several of them side by side (dark = visible).
+# `attn_ref.AttentionMask(causal=..., window_size=..., attention_chunk=...)` is the mask that
+# `flash_attn_with_kvcache`'s three mask options ask for, as one object. Its method
+# `visible_keys(seqlen_q, seqlen_k)` returns a boolean matrix of shape `(seqlen_q, seqlen_k)`: entry
+# $(i, j)$ is `True` when query row $i$ may attend key $j$. A small helper builds that matrix from the
+# options, another draws several of them side by side (dark = visible).
 
 # %%
+def visible(seqlen_q: int, seqlen_k: int, **options) -> torch.Tensor:
+    """The (seqlen_q, seqlen_k) visibility of the mask that FlashAttention's ``options`` ask for."""
+    return attn_ref.AttentionMask(**options).visible_keys(seqlen_q, seqlen_k)
+
+
 def show_masks(masks: dict, size: float = 2.6):
     """Draw boolean matrices (rows = query rows i, columns = keys j), one panel per entry."""
     fig, axes = plt.subplots(1, len(masks), figsize=(size * len(masks), size), squeeze=False)
@@ -58,9 +65,9 @@ def show_masks(masks: dict, size: float = 2.6):
 
 # %%
 show_masks({
-    "causal, sq=sk=6": attn_ref.visible_keys(6, 6, causal=True),
-    "causal, sq=2, sk=5": attn_ref.visible_keys(2, 5, causal=True),
-    "causal, sq=5, sk=2": attn_ref.visible_keys(5, 2, causal=True),
+    "causal, sq=sk=6": visible(6, 6, causal=True),
+    "causal, sq=2, sk=5": visible(2, 5, causal=True),
+    "causal, sq=5, sk=2": visible(5, 2, causal=True),
 })
 
 # %% [markdown]
@@ -95,21 +102,24 @@ print("lse per row:", lse[0, 0])
 
 # %%
 show_masks({
-    "window (2, 0)": attn_ref.visible_keys(6, 6, window_size=(2, 0)),
-    "window (2, 1)": attn_ref.visible_keys(6, 6, window_size=(2, 1)),
-    "causal + window (2, 3)": attn_ref.visible_keys(6, 6, causal=True, window_size=(2, 3)),
-    "window (1, 1), sq=3, sk=8": attn_ref.visible_keys(3, 8, window_size=(1, 1)),
+    "window (2, 0)": visible(6, 6, window_size=(2, 0)),
+    "window (2, 1)": visible(6, 6, window_size=(2, 1)),
+    "causal + window (2, 3)": visible(6, 6, causal=True, window_size=(2, 3)),
+    "window (1, 1), sq=3, sk=8": visible(3, 8, window_size=(1, 1)),
 })
 
 # %% [markdown]
 # The third panel equals the first: causal replaced the right side 3 by 0. And `window_size=(-1, 0)`
-# *is* the causal mask:
+# *is* the causal mask. `AttentionMask` applies these rules once, when it is built (as FlashAttention
+# normalises its options): it keeps only the two window sides (-1 for an unbounded side) and the
+# chunk size, so different spellings of one mask give equal objects.
 
 # %%
-assert torch.equal(
-    attn_ref.visible_keys(6, 6, causal=True, window_size=(2, 3)), attn_ref.visible_keys(6, 6, window_size=(2, 0))
-)
-assert torch.equal(attn_ref.visible_keys(4, 9, window_size=(-1, 0)), attn_ref.visible_keys(4, 9, causal=True))
+causal_window = attn_ref.AttentionMask(causal=True, window_size=(2, 3))
+assert causal_window == attn_ref.AttentionMask(window_size=(2, 0))
+assert attn_ref.AttentionMask(window_size=(-1, 0)) == attn_ref.AttentionMask(causal=True)
+assert torch.equal(causal_window.visible_keys(6, 6), visible(6, 6, window_size=(2, 0)))
+causal_window
 
 # %% [markdown]
 # ## Chunked attention
@@ -126,10 +136,10 @@ assert torch.equal(attn_ref.visible_keys(4, 9, window_size=(-1, 0)), attn_ref.vi
 
 # %%
 show_masks({
-    "chunk 4, causal": attn_ref.visible_keys(8, 8, causal=True, attention_chunk=4),
-    "chunk 4, causal, sq=3, sk=8": attn_ref.visible_keys(3, 8, causal=True, attention_chunk=4),
-    "chunk 3 + window (1, 0)": attn_ref.visible_keys(8, 8, window_size=(1, 0), attention_chunk=3),
-    "chunk 2, causal, sq=5, sk=2": attn_ref.visible_keys(5, 2, causal=True, attention_chunk=2),
+    "chunk 4, causal": visible(8, 8, causal=True, attention_chunk=4),
+    "chunk 4, causal, sq=3, sk=8": visible(3, 8, causal=True, attention_chunk=4),
+    "chunk 3 + window (1, 0)": visible(8, 8, window_size=(1, 0), attention_chunk=3),
+    "chunk 2, causal, sq=5, sk=2": visible(5, 2, causal=True, attention_chunk=2),
 })
 
 # %% [markdown]
@@ -141,16 +151,16 @@ show_masks({
 # \qquad \text{out}_i = \sum_j \operatorname{softmax}(\ell_i)_j \, v_j .$$
 #
 # Written out by hand for one head it gives the same numbers as `attention_with_lse`, which takes
-# `(seqlen, heads, dim)` tensors and returns the output and the log-sum-exp:
+# `(seqlen, heads, dim)` tensors and the mask object, and returns the output and the log-sum-exp:
 
 # %%
 sq, sk, d = 4, 10, 8
 q, k, v = torch.randn(sq, 1, d), torch.randn(sk, 1, d), torch.randn(sk, 1, d)
-visible = attn_ref.visible_keys(sq, sk, causal=True, window_size=(3, 0))
+mask = attn_ref.AttentionMask(causal=True, window_size=(3, 0))
 logits = (q[:, 0] @ k[:, 0].T) * d**-0.5
-by_hand = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1) @ v[:, 0]
+by_hand = torch.softmax(logits.masked_fill(~mask.visible_keys(sq, sk), float("-inf")), dim=-1) @ v[:, 0]
 
-out, lse = attn_ref.attention_with_lse(q, k, v, softmax_scale=d**-0.5, causal=True, window_size=(3, 0))
+out, lse = attn_ref.attention_with_lse(q, k, v, softmax_scale=d**-0.5, mask=mask)
 torch.testing.assert_close(out[:, 0], by_hand)
 print("max difference:", (out[:, 0] - by_hand).abs().max().item())
 
@@ -252,7 +262,9 @@ keys, values = k_cache[0, : cached + new], v_cache[0, : cached + new]
 scale = d**-0.5
 
 q_rows_at_own_positions = attn_ref.apply_rotary(q[0], rotary_cos, rotary_sin, new_positions, True)
-expected, _ = attn_ref.attention_with_lse(q_rows_at_own_positions, keys, values, scale, causal=True)
+expected, _ = attn_ref.attention_with_lse(
+    q_rows_at_own_positions, keys, values, scale, attn_ref.AttentionMask(causal=True)
+)
 torch.testing.assert_close(out_causal[0], expected)
 
 out_plain = attn_ref.flash_attn_with_kvcache(
@@ -273,6 +285,7 @@ print("causal: q rows at positions", new_positions.tolist(), "| no mask: every q
 # | `window_size=(l, r)` | $i + \Delta - l \le j \le i + \Delta + r$ (causal forces $r = 0$) |
 # | `attention_chunk=c` | $j$ in the chunk of $i + \Delta$: $[\,p - (p \bmod c),\; p - (p \bmod c) + c)$ |
 #
-# with $\Delta = \mathrm{seqlen\_k} - \mathrm{seqlen\_q}$ (bottom-right alignment). A row that sees
-# nothing outputs 0 with LSE $-\infty$. Rotary rotates new keys at `cache_seqlens + t`, and queries
+# with $\Delta = \mathrm{seqlen\_k} - \mathrm{seqlen\_q}$ (bottom-right alignment), all the switched-on
+# rules together; `attn_ref.AttentionMask(**options)` is that mask as one normalised object. A row
+# that sees nothing outputs 0 with LSE $-\infty$. Rotary rotates new keys at `cache_seqlens + t`, and queries
 # at `cache_seqlens + i` (causal/local) or all at `cache_seqlens` (no mask).

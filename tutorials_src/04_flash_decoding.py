@@ -54,7 +54,7 @@ k, v = torch.randn(sk, h_k, d), torch.randn(sk, h_k, d)  # (seqlen_k, kv_heads, 
 for key in (120, 130, 610, 880):
     k[key] += 1.5 * q[0, ::2]  # query heads 0 and 2 read KV heads 0 and 1
 
-out, lse = attn_ref.attention_with_lse(q, k, v, scale)  # out (sq, h, d), lse (h, sq)
+out, lse = attn_ref.attention_with_lse(q, k, v, scale)  # out (sq, h, d), lse (sq, h)
 
 # %% [markdown]
 # ## Split the key range
@@ -70,14 +70,14 @@ bounds
 # %% [markdown]
 # Each split is ordinary attention over its slice of the keys. `key_offset` and `seqlen_k` tell
 # `attention_with_lse` where the slice sits in the whole sequence, so causal, window and chunk masks
-# stay correct (they are not used yet). `merge_attention_states` wants the LSE shaped like the output
-# without its last dimension, `(sq, h)`, hence the transpose.
+# stay correct (they are not used yet). Each returns its state in the layout
+# `merge_attention_states` takes: the LSE shaped like the output without its last dimension,
+# `(sq, h)`.
 
 # %%
-partials = []
-for k0, k1 in bounds:
-    o_s, lse_s = attn_ref.attention_with_lse(q, k[k0:k1], v[k0:k1], scale, key_offset=k0, seqlen_k=sk)
-    partials.append((o_s, lse_s.T))  # o_s (sq, h, d), lse_s (sq, h)
+partials = [  # (o_s (sq, h, d), lse_s (sq, h)) per split
+    attn_ref.attention_with_lse(q, k[k0:k1], v[k0:k1], scale, key_offset=k0, seqlen_k=sk) for k0, k1 in bounds
+]
 
 for (k0, k1), (o_s, lse_s) in zip(bounds, partials):
     print(f"keys [{k0:4d}, {k1:4d}): lse per head {[round(x, 3) for x in lse_s[0].tolist()]}")
@@ -94,7 +94,7 @@ def merge(a, b):
 
 merged_out, merged_lse = reduce(merge, partials)
 torch.testing.assert_close(merged_out, out)
-torch.testing.assert_close(merged_lse, lse.T)
+torch.testing.assert_close(merged_lse, lse)
 print("max |merged - unsplit| output:", (merged_out - out).abs().max().item())
 
 tree = merge(merge(partials[3], partials[1]), merge(partials[0], partials[2]))  # another order
@@ -107,7 +107,7 @@ torch.testing.assert_close(tree[0], out)
 
 # %%
 head, kv_head = 0, 0  # query head h reads KV head h // (h / h_k)
-weights = [torch.exp(lse_s[0, head] - lse[head, 0]).item() for _, lse_s in partials]
+weights = [torch.exp(lse_s[0, head] - lse[0, head]).item() for _, lse_s in partials]
 probabilities = torch.softmax(scale * (k[:, kv_head] @ q[0, head]), dim=0)
 
 plt.figure(figsize=(8, 3))
@@ -151,19 +151,18 @@ for n in (1, 2, 3, 7, 16):
 #
 # Masks can empty a whole split. Decoding with a sliding window of 100 keys (`window_size=(99, 0)`,
 # causal), the query sees keys 900 to 999 only, so the first three of four splits contain **no
-# visible key**. Their partial state is the empty state:
+# visible key**. `attention_with_lse` takes the mask as one object, `attn_ref.AttentionMask`, built
+# from FlashAttention's own options. The empty splits' partial state is the empty state:
 #
 # $$o = 0, \qquad \text{lse} = \log \textstyle\sum_{\emptyset} = \log 0 = -\infty .$$
 
 # %%
-window = (99, 0)
+window = attn_ref.AttentionMask(causal=True, window_size=(99, 0))
 masked = []
 for k0, k1 in bounds:
-    o_s, lse_s = attn_ref.attention_with_lse(
-        q, k[k0:k1], v[k0:k1], scale, causal=True, window_size=window, key_offset=k0, seqlen_k=sk
-    )
-    masked.append((o_s, lse_s.T))
-    print(f"keys [{k0:4d}, {k1:4d}): lse {[round(x, 3) for x in lse_s[:, 0].tolist()]}, max |o| {o_s.abs().max().item():.3f}")
+    o_s, lse_s = attn_ref.attention_with_lse(q, k[k0:k1], v[k0:k1], scale, window, key_offset=k0, seqlen_k=sk)
+    masked.append((o_s, lse_s))
+    print(f"keys [{k0:4d}, {k1:4d}): lse {[round(x, 3) for x in lse_s[0].tolist()]}, max |o| {o_s.abs().max().item():.3f}")
 
 # %% [markdown]
 # An empty split must drop out of the merge with weight $e^{-\infty - \text{lse}} = 0$. The formula
@@ -184,9 +183,9 @@ both_empty = merge(masked[0], masked[1])
 print("empty ⊕ empty:", "lse", both_empty[1].tolist(), "| max |o|", both_empty[0].abs().max().item())
 
 windowed_out, windowed_lse = reduce(merge, masked)
-expected, expected_lse = attn_ref.attention_with_lse(q, k, v, scale, causal=True, window_size=window)
+expected, expected_lse = attn_ref.attention_with_lse(q, k, v, scale, window)
 torch.testing.assert_close(windowed_out, expected)
-torch.testing.assert_close(windowed_lse, expected_lse.T)
+torch.testing.assert_close(windowed_lse, expected_lse)
 assert not torch.isnan(windowed_out).any()
 
 # %% [markdown]
@@ -201,7 +200,7 @@ assert not torch.isnan(windowed_out).any()
 # %%
 print(attn_ref.split_bounds(5, 4))
 o_empty, lse_empty = attn_ref.attention_with_lse(q, k[:0], v[:0], scale)
-print("zero keys: lse", lse_empty[:, 0].tolist(), "| max |o|", o_empty.abs().max().item())
+print("zero keys: lse", lse_empty[0].tolist(), "| max |o|", o_empty.abs().max().item())
 
 # %% [markdown]
 # ## Summary

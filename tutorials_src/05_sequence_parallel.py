@@ -44,7 +44,7 @@ text_q, text_k, text_v = torch.randn(1, T, h, d), torch.randn(1, T, h_k, d), tor
 scale = d**-0.5
 
 full, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale)
-full_causal, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale, causal=True)
+full_causal, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale, attn_ref.AttentionMask(causal=True))
 
 # %% [markdown]
 # ## What every rank runs
@@ -99,10 +99,11 @@ def counted_batch_isend_irecv(ops):
     return collectives["batch_isend_irecv"](ops)
 
 
-def counted_attention(q, k_cache, v_cache, *, causal=False, **kwargs):
-    visible = attn_ref.visible_keys(q.shape[1], k_cache.shape[1], causal).sum().item()
+def counted_attention(q, k_cache, v_cache, *, causal=False, window_size=(-1, -1), attention_chunk=0, **kwargs):
+    mask = attn_ref.AttentionMask(causal, window_size, attention_chunk)
+    visible = mask.visible_keys(q.shape[1], k_cache.shape[1]).sum().item()
     counters["attended"] += q.shape[0] * q.shape[2] * visible
-    return attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, causal=causal, **kwargs)
+    return attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, **mask.options(), **kwargs)
 
 
 COUNTING = sp.AttentionBackend("counting", counted_attention, attn_ref.merge_attention_states)
@@ -220,8 +221,9 @@ for t in range(P):
         if source > r:
             continue  # causal: a later block is invisible
         k_blk, v_blk = held[r]
-        out_blk, lse_blk = attn_ref.attention_with_lse(q_blocks[r], k_blk, v_blk, scale, causal=source == r)
-        states[r] = attn_ref.merge_attention_states(*states[r], out_blk, lse_blk.T)  # lse (h, S/P) -> (S/P, h)
+        mask = attn_ref.AttentionMask(causal=source == r)  # the causal square on the diagonal
+        block_state = attn_ref.attention_with_lse(q_blocks[r], k_blk, v_blk, scale, mask)  # (S/P, h, d), (S/P, h)
+        states[r] = attn_ref.merge_attention_states(*states[r], *block_state)
     held = [held[(r - 1) % P] for r in range(P)]  # the exchange: send to r + 1, receive from r - 1
 
 for t, sources in enumerate(schedule):

@@ -50,12 +50,17 @@ def test_visible_is_the_definition():
             (sq, sk, causal, window, chunk)
 
 
+#: The keywords of :class:`attn_ref.AttentionMask`, which the tiled reference takes as one object.
+MASK_OPTIONS = ("causal", "window_size", "attention_chunk")
+
+
 def tiled(q, k, v, qv=None, only_qv=False, **options):
     """:func:`attn_ref.attention.attention_with_lse` in :func:`attn_ref.dense.attention`'s layout,
     for a batch of one sequence: ``(out (1, s_q, h, d_v), lse (1, h, s_q))``."""
+    mask = attn_ref.AttentionMask(**{key: options.pop(key) for key in MASK_OPTIONS if key in options})
     out, lse = attn_ref.attention.attention_with_lse(
-        q[0], k[0], v[0], qv=None if qv is None else qv[0], only_qv=only_qv, **options)
-    return out[None], lse[None]  # lse: (h, s_q)
+        q[0], k[0], v[0], mask=mask, qv=None if qv is None else qv[0], only_qv=only_qv, **options)
+    return out[None], lse.T[None]  # lse: (s_q, h) -> (1, h, s_q)
 
 
 def problem(sq, sk, h=4, h_k=2, d=16, dv=8, qv=False, only_qv=False, sinks=False, seed=0):

@@ -61,10 +61,9 @@ scale = d**-0.5
 
 
 def dense_attention(q, k, v, causal=False):
-    """out [B, S, h, d], lse [B, S, h]: the package's dense formula, attn_ref.dense.attention (scale
-    d^-0.5), in the backward's layout; differentiable."""
-    out, lse = dense.attention(q, k, v, causal=causal)
-    return out, lse.transpose(1, 2)
+    """out [B, S, h, d], lse [B, h, S]: the package's dense formula, attn_ref.dense.attention (scale
+    d^-0.5), in FlashAttention's layout, which the backward takes; differentiable."""
+    return dense.attention(q, k, v, causal=causal)
 
 
 def autograd_grads(q, k, v, dout, causal=False):
@@ -81,7 +80,7 @@ out, lse = dense_attention(q, k, v)
 
 g = h // h_k
 k_h, v_h = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)  # the KV head of each query head
-P = (torch.einsum("bihd,bjhd->bhij", q, k_h) * scale - lse.transpose(1, 2)[..., None]).exp()
+P = (torch.einsum("bihd,bjhd->bhij", q, k_h) * scale - lse[..., None]).exp()
 dV = torch.einsum("bhij,bihd->bjhd", P, dout)
 dP = torch.einsum("bihd,bjhd->bhij", dout, v_h)
 D_row = (dout * out).sum(-1).transpose(1, 2)  # [B, h, S]
@@ -99,7 +98,7 @@ for name, mine, ref in zip(("dq", "dk", "dv"), (dQ, dK, dV), expected):
 # `attn_ref.attention_backward` is the same computation, written to be read, with masks by position
 # and bounded memory; `kernels.attention_backward` is its Triton twin (FlashAttention-2's three
 # kernels: $D$, then $dK/dV$ over key blocks, then $dQ$ over query blocks), with the same signature.
-# Both take the saved `out` and `lse` (`[B, S, h]`, natural log):
+# Both take the saved `out` and `lse` (`[B, h, S]`, natural log) as the forward returns them:
 
 # %%
 for causal in (False, True):
@@ -227,7 +226,7 @@ def simulated_ring_backward(q, k, v, dout, out, lse, R, causal=True, block_dtype
             if causal and s > r:
                 continue  # invisible block: nothing to add, the accumulator is only passed on
             dq_s, dk_s, dv_s = attn_ref.attention_backward(
-                part(dout, r), part(q, r), part(k, s), part(v, s), part(out, r), part(lse, r), scale,
+                part(dout, r), part(q, r), part(k, s), part(v, s), part(out, r), lse[..., r * rows:(r + 1) * rows], scale,
                 causal=causal and s == r, grad_dtype=block_dtype,
             )
             dq[r] += dq_s.float()
@@ -387,6 +386,7 @@ for name, problem in low_precision.items():
         R: mean_errors(gathered([rank["low precision"][name] for rank in runs[R]]), reference) for R in (2, 4)
     }
     out_lp, lse_lp = sp.ring_attention(*problem[:3], causal=True)  # the forward's saved state
+    lse_lp = lse_lp.transpose(1, 2)  # ring_attention's [B, S, h] -> the backward's [B, h, S]
     for label, block_dtype in (("fp32 shares", torch.float32), ("rounded shares", problem[0].dtype)):
         table[name, label] = {}
         for R in ring_sizes:

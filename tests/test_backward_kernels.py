@@ -112,6 +112,7 @@ COMPILE_VARIANTS = [
 
 def _compile_launches(dtype, d, softcap, gqa, with_dlse):
     """The launches of one backward call (``B=2, Sq=128, Sk=192, H=8``), planned as the launcher does."""
+    from attn_ref.masks import CAUSAL
     from kernels.backward import plan_dkdv, plan_dq, plan_preprocess
 
     b, sq, sk, h = 2, 128, 192, 8
@@ -122,9 +123,9 @@ def _compile_launches(dtype, d, softcap, gqa, with_dlse):
     dlse = torch.empty(b, sq, h) if with_dlse else None
     return [
         plan_preprocess(out, out, dlse, stats),
-        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1, causal=True,
+        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1, CAUSAL,
                   softcap=30.0 if softcap else 0.0),
-        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, causal=True, softcap=30.0 if softcap else 0.0),
+        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, CAUSAL, softcap=30.0 if softcap else 0.0),
     ]
 
 

@@ -93,7 +93,8 @@ def compile_all(arch: int) -> dict[str, str]:
             continue
         for launch in _variant_launches(case, knobs):
             signature, constexprs, attrs = launch_signature(launch)
-            key = (launch.kernel.__name__, json.dumps(signature, sort_keys=True), repr(sorted(constexprs.items())))
+            key = (launch.kernel.__name__, json.dumps(signature, sort_keys=True),
+                   repr(sorted(constexprs.items(), key=repr)))
             if key in seen:
                 continue
             seen.add(key)

@@ -45,13 +45,10 @@ def plan_append_kv(call: KVCacheCall) -> Launch | None:
     rotary = call.rotary_cos is not None
     args = dict(
         k_ptr=k, v_ptr=v, k_cache_ptr=kc, v_cache_ptr=vc, page_table_ptr=call.page_table,
-        cos_ptr=call.rotary_cos, sin_ptr=call.rotary_sin,
-        new_lens_ptr=call.batch.new_lens, new_starts_ptr=call.batch.new_starts, cache_rows_ptr=call.batch.cache_rows,
-        cache_seqlens_ptr=call.batch.cache_seqlens, rotary_starts_ptr=call.batch.rotary_starts,
+        rotary_tables=(call.rotary_cos, call.rotary_sin), batch_table=call.batch,
         stride_kb=k_strides[0], stride_kt=k_strides[1], stride_kh=k_strides[2],
         stride_vb=v_strides[0], stride_vt=v_strides[1], stride_vh=v_strides[2],
-        stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
-        stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
+        stride_kc=tuple(kc.stride()[:3]), stride_vc=tuple(vc.stride()[:3]),
         stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
         stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
     )
@@ -68,7 +65,8 @@ def plan_append_kv(call: KVCacheCall) -> Launch | None:
                   dummy_device=kc.device)
 
 
-# No integer specialisation for the new tokens' strides and the small tables (see kernels.attention).
+# No integer specialisation for the new tokens' strides and the small tables (see kernels.attention):
+# they stay parameters of their own; the groups hold pointers and the cache strides.
 @triton.jit(do_not_specialize=["stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
                                "stride_table", "page_size", "stride_rotary", "rotary_dim"])
 def _append_kv_entry_kernel(
@@ -77,17 +75,13 @@ def _append_kv_entry_kernel(
     k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
     v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
     page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
-    cos_ptr,  # (seqlen_rotary, rotary_dim / 2) (ROTARY only)
-    sin_ptr,  # (seqlen_rotary, rotary_dim / 2)
-    new_lens_ptr,  # (b,) int32: N_i
-    new_starts_ptr,  # (b,) int32: first row of entry i in packed k/v (0 when batched)
-    cache_rows_ptr,  # (b,) int32: cache row / page-table row of entry i
-    cache_seqlens_ptr,  # (b,) int32: C_i, where the new tokens start
-    rotary_starts_ptr,  # (b,) int32: P0_i
+    rotary_tables,  # (cos_ptr, sin_ptr): (seqlen_rotary, rotary_dim / 2) each (ROTARY only)
+    batch_table,  # attn_ref.call.BatchTable, (b,) int32 per entry i: new_lens N_i, new_starts (first
+    #               row in packed k/v, 0 when batched), cache_rows, cache_seqlens C_i (where the new
+    #               tokens start), rotary_starts P0_i
     stride_kb, stride_kt, stride_kh,  # k strides (stride_kb = 0 when packed)
     stride_vb, stride_vt, stride_vh,
-    stride_kc_major, stride_kc_minor, stride_kc_h,  # k_cache strides 0, 1, 2
-    stride_vc_major, stride_vc_minor, stride_vc_h,
+    stride_kc, stride_vc,  # (major, minor, head): strides 0, 1, 2 of k_cache, v_cache
     stride_table,  # page_table.stride(0)
     page_size,  # P (PAGED only)
     stride_rotary,  # cos.stride(0)
@@ -100,26 +94,27 @@ def _append_kv_entry_kernel(
     ROUND_TO: tl.constexpr,  # interpreter + bf16/fp8 cache: round rotated keys explicitly
 ):
     pid_t, batch, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_new = tl.load(new_lens_ptr + batch)
+    n_new = tl.load(batch_table.new_lens + batch)
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,) new-token index t
     token_ok = offs_t < n_new  # (BLOCK_T,)
     if pid_t * BLOCK_T < n_new:
-        new_row = (tl.load(new_starts_ptr + batch) + offs_t).to(tl.int64)  # (BLOCK_T,) row in k/v
-        cache_row = tl.load(cache_rows_ptr + batch)
-        positions = tl.load(cache_seqlens_ptr + batch) + offs_t  # (BLOCK_T,) C_i + t
+        new_row = (tl.load(batch_table.new_starts + batch) + offs_t).to(tl.int64)  # (BLOCK_T,) row in k/v
+        cache_row = tl.load(batch_table.cache_rows + batch)
+        positions = tl.load(batch_table.cache_seqlens + batch) + offs_t  # (BLOCK_T,) C_i + t
         slots = cache_slots(positions, token_ok, cache_row, page_table_ptr, stride_table,
-                              stride_kc_major, stride_kc_minor, page_size, PAGED)  # (BLOCK_T,) int64
+                            stride_kc[0], stride_kc[1], page_size, PAGED)  # (BLOCK_T,) int64
         v_slots = cache_slots(positions, token_ok, cache_row, page_table_ptr, stride_table,
-                                stride_vc_major, stride_vc_minor, page_size, PAGED)  # (BLOCK_T,) int64
+                              stride_vc[0], stride_vc[1], page_size, PAGED)  # (BLOCK_T,) int64
         batch64, head64 = batch.to(tl.int64), head.to(tl.int64)
 
         # ---- keys: rotate (fp32, rounded once) or copy --------------------------------------
         offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
         k_mask = token_ok[:, None] & (offs_d[None, :] < D)  # (BLOCK_T, BLOCK_D)
         k_rows = k_ptr + batch64 * stride_kb + new_row[:, None] * stride_kt + head64 * stride_kh  # (BLOCK_T, 1)
-        k_dst = k_cache_ptr + slots[:, None] + head64 * stride_kc_h + offs_d[None, :]  # (BLOCK_T, BLOCK_D)
+        k_dst = k_cache_ptr + slots[:, None] + head64 * stride_kc[2] + offs_d[None, :]  # (BLOCK_T, BLOCK_D)
         if ROTARY:
-            ro_positions = tl.load(rotary_starts_ptr + batch) + offs_t  # (BLOCK_T,) P0_i + t
+            ro_positions = tl.load(batch_table.rotary_starts + batch) + offs_t  # (BLOCK_T,) P0_i + t
+            cos_ptr, sin_ptr = rotary_tables
             k_new = apply_rotary(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
                                  rotary_dim, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
             store_as(k_dst, k_new, k_mask, ROUND_TO)
@@ -130,5 +125,5 @@ def _append_kv_entry_kernel(
         offs_dv = tl.arange(0, BLOCK_DV)  # (BLOCK_DV,)
         v_mask = token_ok[:, None] & (offs_dv[None, :] < DV)  # (BLOCK_T, BLOCK_DV)
         v_src = v_ptr + batch64 * stride_vb + new_row[:, None] * stride_vt + head64 * stride_vh + offs_dv[None, :]
-        v_dst = v_cache_ptr + v_slots[:, None] + head64 * stride_vc_h + offs_dv[None, :]  # (BLOCK_T, BLOCK_DV)
+        v_dst = v_cache_ptr + v_slots[:, None] + head64 * stride_vc[2] + offs_dv[None, :]  # (BLOCK_T, BLOCK_DV)
         tl.store(v_dst, tl.load(v_src, mask=v_mask), mask=v_mask)

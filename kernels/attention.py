@@ -67,12 +67,15 @@ them, and ``benchmarks/results/`` will hold the figures.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch, compute_dtype, dot_precision, explicit_rounding, next_power_of_2, rotated_q_parts
-from .masks import tile_key_range, visible_keys
+from .launch import (Launch, Tile, compute_dtype, dot_precision, explicit_rounding, next_power_of_2,
+                     rotated_q_parts)
+from .masks import MASK_PARAMS, mask_args, tile_key_range, visible_keys
 from .numerics import LN2, LOG2E, split_parts, store_as, tanh
 from .paged import cache_slots
 from .rotary import apply_rotary
@@ -101,34 +104,29 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
         out_strides[1] = lse_strides[1] = 0
     rotary = call.rotary_dim > 0 and not call.only_qv
     args = dict(
-        q_ptr=q, qv_ptr=qv, k_cache_ptr=kc, v_cache_ptr=vc, page_table_ptr=call.page_table,
-        cos_ptr=call.rotary_cos if rotary else None, sin_ptr=call.rotary_sin if rotary else None,
-        sinks_ptr=call.sinks, q_descale_ptr=descales[0], k_descale_ptr=descales[1], v_descale_ptr=descales[2],
-        seqlens_q_ptr=call.batch.seqlens_q, q_starts_ptr=call.batch.q_starts, cache_rows_ptr=call.batch.cache_rows,
-        leftpads_ptr=call.batch.leftpads, seqlens_k_ptr=call.batch.seqlens_k,
-        rotary_starts_ptr=call.batch.rotary_starts,
-        out_ptr=out, lse_ptr=lse,
+        q_ptr=q, qv_ptr=qv, k_cache_ptr=kc, v_cache_ptr=vc,
+        stride_kc=tuple(kc.stride()[:3]), stride_vc=tuple(vc.stride()[:3]), page_table_ptr=call.page_table,
+        rotary_tables=(call.rotary_cos, call.rotary_sin) if rotary else (None, None),
+        sinks_ptr=call.sinks, descales=tuple(descales), batch_table=call.batch, out_ptr=out, lse_ptr=lse,
         **_row_strides("stride_q", q, packed), **_row_strides("stride_qv", qv, packed),
-        stride_kc_major=kc.stride(0), stride_kc_minor=kc.stride(1), stride_kc_h=kc.stride(2),
-        stride_vc_major=vc.stride(0), stride_vc_minor=vc.stride(1), stride_vc_h=vc.stride(2),
         stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
         stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
         stride_descale=descales[0].stride(0) if fp8_descale else 0,
         stride_os=out_strides[0], stride_ob=out_strides[1], stride_oh=out_strides[2], stride_ot=out_strides[3],
         stride_ls=lse_strides[0], stride_lb=lse_strides[1], stride_lh=lse_strides[2], stride_lt=lse_strides[3],
         softmax_scale=call.softmax_scale, softcap=call.softcap if call.softcap > 0 else 1.0,
-        window_left=call.mask.window_left, window_right=call.mask.window_right, chunk=call.mask.chunk,
-        has_sinks=int(call.sinks is not None), num_splits=num_splits,
+        **mask_args(call.mask), has_sinks=int(call.sinks is not None), num_splits=num_splits,
     )
     constexprs = dict(
-        H_K=call.num_heads_k, G=g, D=call.head_dim, DV=call.head_dim_v,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        BLOCK_D=max(16, next_power_of_2(call.head_dim)), BLOCK_DV=max(16, next_power_of_2(call.head_dim_v)),
-        PAGED=call.paged,
-        HAS_QV=call.qv is not None and not call.only_qv, ONLY_QV=call.only_qv, SOFTCAP=call.softcap > 0,
+        HEADS=HeadLayout(call.num_heads_k, g, call.head_dim, call.head_dim_v),
+        TILE=Tile(tiles.block_m, tiles.block_n, max(16, next_power_of_2(call.head_dim)),
+                  max(16, next_power_of_2(call.head_dim_v))),
         # rotary switches only where they matter, so calls without rotary share one variant
-        ROTARY=rotary, INTERLEAVED=rotary and call.rotary_interleaved,
-        ROTARY_FIXED=rotary and call.rotary_q_fixed_position, HAS_DESCALE=fp8_descale,
+        FEATURES=AttentionFeatures(
+            PAGED=call.paged, HAS_QV=call.qv is not None and not call.only_qv, ONLY_QV=call.only_qv,
+            SOFTCAP=call.softcap > 0, ROTARY=rotary, INTERLEAVED=rotary and call.rotary_interleaved,
+            ROTARY_FIXED=rotary and call.rotary_q_fixed_position, HAS_DESCALE=fp8_descale,
+        ),
         COMPUTE_DTYPE=compute_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         ROUND_TO=explicit_rounding(out.dtype), Q_PARTS=rotated_q_parts(q.dtype) if rotary else 1,
     )
@@ -153,30 +151,57 @@ def _descale_or_ones(call, descale):
     return torch.ones(call.batch_size, call.num_heads_k, dtype=torch.float32, device=call.q.device)
 
 
+class HeadLayout(NamedTuple):
+    """The kernel's compile-time head layout (``HEADS``): ``H_K`` KV heads, ``G`` query heads per KV
+    head, head dims ``D`` (q, k) and ``DV`` (v, out)."""
+
+    H_K: int
+    G: int
+    D: int
+    DV: int
+
+
+class AttentionFeatures(NamedTuple):
+    """The kernel's compile-time switches (``FEATURES``): a paged cache, qv added to (``HAS_QV``) or
+    alone in (``ONLY_QV``) the scores, the logit softcap, rotary q (GPT-J ``INTERLEAVED`` or NeoX
+    layout, ``ROTARY_FIXED``: every row at ``P0``), fp8 descale factors."""
+
+    PAGED: bool
+    HAS_QV: bool
+    ONLY_QV: bool
+    SOFTCAP: bool
+    ROTARY: bool
+    INTERLEAVED: bool
+    ROTARY_FIXED: bool
+    HAS_DESCALE: bool
+
+
 # Triton specialises int arguments on divisibility by 16 (for vectorised loads) and on == 1; that
 # matters for the cache strides (the K/V stream) but not for per-call scalars or the q / out / lse
-# strides (read or written once per program), which would only multiply the compiled variants.
+# strides (read or written once per program), which would only multiply the compiled variants. It
+# specialises every int inside a tuple argument whatever do_not_specialize says, so the groups
+# (pointers, cache strides) hold only specialised values and the others are parameters of their own.
 @triton.jit(do_not_specialize=[
-    "window_left", "window_right", "chunk", "has_sinks", "num_splits", "stride_table", "page_size", "stride_rotary", "rotary_dim",
-    "stride_descale", "stride_qb", "stride_qt", "stride_qh", "stride_qvb", "stride_qvt", "stride_qvh",
+    "stride_qb", "stride_qt", "stride_qh", "stride_qvb", "stride_qvt", "stride_qvh",
+    "stride_table", "page_size", "stride_rotary", "rotary_dim", "stride_descale",
     "stride_os", "stride_ob", "stride_oh", "stride_ot", "stride_ls", "stride_lb", "stride_lh", "stride_lt",
+    *MASK_PARAMS, "has_sinks", "num_splits",
 ])
 def _split_states_kernel(
     q_ptr,  # (b, sq, h, d) or (total_q, h, d)
     qv_ptr,  # (b, sq, h, dv) or (total_q, h, dv) (HAS_QV or ONLY_QV only)
     k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
     v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
+    stride_kc, stride_vc,  # (major, minor, head): strides 0, 1, 2 of k_cache, v_cache
     page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
-    cos_ptr, sin_ptr,  # (seqlen_rotary, rotary_dim / 2) (ROTARY only)
+    rotary_tables,  # (cos_ptr, sin_ptr): (seqlen_rotary, rotary_dim / 2) each (ROTARY only)
     sinks_ptr,  # (h,) sink logits (has_sinks only)
-    q_descale_ptr, k_descale_ptr, v_descale_ptr,  # (b, h_k) fp32 (HAS_DESCALE only)
-    seqlens_q_ptr, q_starts_ptr, cache_rows_ptr, leftpads_ptr, seqlens_k_ptr, rotary_starts_ptr,  # (b,) int32
+    descales,  # (q, k, v) descale pointers: (b, h_k) fp32 each (HAS_DESCALE only)
+    batch_table,  # attn_ref.call.BatchTable: (b,) int32 per batch entry
     out_ptr,  # final out (b, sq, h, dv) / (total_q, h, dv), or fp32 partials (n, b, h, sq, dv) / (n, h, total_q, dv)
     lse_ptr,  # fp32 (b, h, sq) / (h, total_q), or partials (n, b, h, sq) / (n, h, total_q)
     stride_qb, stride_qt, stride_qh,  # q (stride_qb = 0 when packed)
     stride_qvb, stride_qvt, stride_qvh,  # qv
-    stride_kc_major, stride_kc_minor, stride_kc_h,  # k_cache strides 0, 1, 2
-    stride_vc_major, stride_vc_minor, stride_vc_h,
     stride_table,  # page_table.stride(0)
     page_size,  # P (PAGED only)
     stride_rotary,  # cos.stride(0)
@@ -189,24 +214,22 @@ def _split_states_kernel(
     chunk,  # attention_chunk, 0 = off
     has_sinks,  # 1: add the sink logit of each head (in split 0)
     num_splits,  # n: split s covers keys [s·ceil(s_k/n), (s+1)·ceil(s_k/n)) ∩ [0, s_k)
-    H_K: tl.constexpr, G: tl.constexpr,  # KV heads, query heads per KV head
-    D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    PAGED: tl.constexpr,
-    HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
-    ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_FIXED: tl.constexpr,
-    HAS_DESCALE: tl.constexpr,
+    HEADS: tl.constexpr,  # HeadLayout(H_K, G, D, DV)
+    TILE: tl.constexpr,  # kernels.launch.Tile(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+    FEATURES: tl.constexpr,  # AttentionFeatures(PAGED, HAS_QV, ONLY_QV, SOFTCAP, ROTARY, ...)
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_TO: tl.constexpr,
     Q_PARTS: tl.constexpr,  # 16-bit parts of the rotated q (1 without rotary or for fp32 tiles)
 ):
     """One program: the state of ``ROWS`` query rows x ``g`` heads of one KV head over split ``split``."""
+    G: tl.constexpr = HEADS.G
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
     ROWS: tl.constexpr = BLOCK_M // G  # query rows per tile
     pid_m, pid_bh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    batch, kv_head = pid_bh // H_K, pid_bh % H_K
-    seqlen_q = tl.load(seqlens_q_ptr + batch)
+    batch, kv_head = pid_bh // HEADS.H_K, pid_bh % HEADS.H_K
+    seqlen_q = tl.load(batch_table.seqlens_q + batch)
     if pid_m * ROWS < seqlen_q:
-        seqlen_k = tl.load(seqlens_k_ptr + batch)
-        token0 = tl.load(q_starts_ptr + batch)  # row of this entry's query 0 in q / out
+        seqlen_k = tl.load(batch_table.seqlens_k + batch)
+        token0 = tl.load(batch_table.q_starts + batch)  # row of this entry's query 0 in q / out
         batch64, kv_head64 = batch.to(tl.int64), kv_head.to(tl.int64)
         # ---- the M tile: ROWS query rows x G heads of this KV head --------------------
         offs_m = tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -214,29 +237,31 @@ def _split_states_kernel(
         heads = (kv_head * G + offs_m % G).to(tl.int64)  # (BLOCK_M,) query head
         row_ok = (offs_m < ROWS * G) & (rows < seqlen_q)  # (BLOCK_M,)
         token = (token0 + rows).to(tl.int64)  # (BLOCK_M,) row in the q / out tensors
-        offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)  # (BLOCK_D,), (BLOCK_DV,)
-        d_ok = _lanes_below(offs_d, D, BLOCK_D)  # (BLOCK_D,) bool
-        dv_ok = _lanes_below(offs_dv, DV, BLOCK_DV)  # (BLOCK_DV,) bool
+        offs_d, offs_dv = tl.arange(0, TILE.BLOCK_D), tl.arange(0, TILE.BLOCK_DV)  # (BLOCK_D,), (BLOCK_DV,)
+        d_ok = _lanes_below(offs_d, HEADS.D, TILE.BLOCK_D)  # (BLOCK_D,) bool
+        dv_ok = _lanes_below(offs_dv, HEADS.DV, TILE.BLOCK_DV)  # (BLOCK_DV,) bool
+        cos_ptr, sin_ptr = rotary_tables
         q, q_mid, q_lo, qv = _load_q(
             q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads[:, None] * stride_qh,
             qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt + heads[:, None] * stride_qvh,
             rows, row_ok, offs_d, offs_dv, d_ok, dv_ok,
-            rotary_starts_ptr + batch, cos_ptr, sin_ptr, stride_rotary, rotary_dim,
-            BLOCK_M, BLOCK_D, BLOCK_DV, HAS_QV, ONLY_QV, ROTARY, INTERLEAVED, ROTARY_FIXED,
-            COMPUTE_DTYPE, Q_PARTS)
+            batch_table.rotary_starts + batch, cos_ptr, sin_ptr, stride_rotary, rotary_dim,
+            BLOCK_M, TILE.BLOCK_D, TILE.BLOCK_DV, FEATURES.HAS_QV, FEATURES.ONLY_QV, FEATURES.ROTARY,
+            FEATURES.INTERLEAVED, FEATURES.ROTARY_FIXED, COMPUTE_DTYPE, Q_PARTS)
         descale_at = batch64 * stride_descale + kv_head
-        scale, v_scale = _dequantize(softmax_scale, q_descale_ptr + descale_at,
-                                     k_descale_ptr + descale_at, v_descale_ptr + descale_at, HAS_DESCALE)
+        q_descale_ptr, k_descale_ptr, v_descale_ptr = descales
+        scale, v_scale = _dequantize(softmax_scale, q_descale_ptr + descale_at, k_descale_ptr + descale_at,
+                                     v_descale_ptr + descale_at, FEATURES.HAS_DESCALE)
         k0, k1 = split_bounds(seqlen_k, split, num_splits)
+        # this sequence's KV cache at this KV head (kernels.paged: contiguous rows or pages)
+        cache = (k_cache_ptr + kv_head64 * stride_kc[2], v_cache_ptr + kv_head64 * stride_vc[2], stride_kc,
+                 stride_vc, page_table_ptr, stride_table, page_size, tl.load(batch_table.cache_rows + batch),
+                 tl.load(batch_table.leftpads + batch))
         out, lse = _attention_with_lse(
-            q, q_mid, q_lo, qv, rows, pid_m * ROWS, tl.minimum(pid_m * ROWS + ROWS, seqlen_q),
+            (q, q_mid, q_lo, qv), rows, pid_m * ROWS, tl.minimum(pid_m * ROWS + ROWS, seqlen_q),
             seqlen_q, seqlen_k, k0, k1, (window_left, window_right, chunk), scale, softcap,
-            sinks_ptr + heads, row_ok, (has_sinks != 0) & (split == 0), v_scale,
-            k_cache_ptr + kv_head64 * stride_kc_h, v_cache_ptr + kv_head64 * stride_vc_h,
-            page_table_ptr, tl.load(cache_rows_ptr + batch), tl.load(leftpads_ptr + batch),
-            stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
-            offs_d, offs_dv, d_ok, dv_ok, BLOCK_M, BLOCK_N, BLOCK_DV, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
-            COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS)
+            sinks_ptr + heads, row_ok, (has_sinks != 0) & (split == 0), v_scale, cache,
+            (offs_d, offs_dv, d_ok, dv_ok), TILE, FEATURES, COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS)
         split64 = split.to(tl.int64)
         _store_state(out_ptr + split64 * stride_os + batch64 * stride_ob,
                      lse_ptr + split64 * stride_ls + batch64 * stride_lb, out, lse, heads, token,
@@ -305,8 +330,7 @@ def _dequantize(softmax_scale, q_descale_ptr, k_descale_ptr, v_descale_ptr, HAS_
 
 @triton.jit
 def _attention_with_lse(
-    q, q_mid, q_lo,  # (BLOCK_M, BLOCK_D) in COMPUTE_DTYPE: q = q + q_mid + q_lo
-    qv,  # (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE (read with HAS_QV / ONLY_QV only)
+    q_parts,  # (q, q_mid, q_lo, qv): (BLOCK_M, BLOCK_D) x 3, q = q + q_mid + q_lo, and (BLOCK_M, BLOCK_DV)
     rows,  # (BLOCK_M,) int32: query row i of each tile entry
     row_start, row_end,  # the tile's rows [row_start, row_end)
     seqlen_q, seqlen_k, k0, k1,  # the sequence's lengths; this split's keys [k0, k1)
@@ -314,18 +338,18 @@ def _attention_with_lse(
     softmax_scale, softcap,  # fp32 (softcap only read with SOFTCAP)
     sink_ptrs, row_ok, add_sink,  # (BLOCK_M,) pointers to each entry's sink logit; (BLOCK_M,) bool; bool
     v_scale,  # fp32: output factor (fp8 v_descale, else 1)
-    k_cache_ptr, v_cache_ptr,  # caches at this KV head (+ h·stride_h already added)
-    page_table_ptr, cache_row, leftpad,
-    stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
-    offs_d, offs_dv, d_ok, dv_ok,  # (BLOCK_D,), (BLOCK_DV,) channel indices and masks
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, PAGED: tl.constexpr,
-    HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
+    cache,  # the KV cache group of _attend_key_blocks
+    channels,  # (offs_d, offs_dv, d_ok, dv_ok): (BLOCK_D,), (BLOCK_DV,) channel indices and masks
+    TILE: tl.constexpr, FEATURES: tl.constexpr,  # as the kernel's
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr,
 ):
     """``(out (BLOCK_M, BLOCK_DV), lse (BLOCK_M,))`` fp32: the tile's attention over the keys ``[k0, k1)``
     of a sequence of ``seqlen_k`` keys, with the masks of the whole sequence (the reference's
     ``attention_with_lse`` with ``key_offset = k0``). Only ``[lo, hi)`` is visited; inside it the whole
     ``BLOCK_N`` blocks of ``[full_lo, full_hi)`` run without a mask, the blocks before and after masked."""
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    BLOCK_DV: tl.constexpr = TILE.BLOCK_DV
     diag = rows + seqlen_k - seqlen_q  # (BLOCK_M,) i + Δ, the bottom-right diagonal of each row
     lo, hi, full_lo, full_hi = tile_key_range(mask, row_start, row_end, seqlen_q, seqlen_k, k0, k1)
     unmasked_start = tl.minimum(lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK_N) * BLOCK_N, hi)
@@ -341,10 +365,8 @@ def _attention_with_lse(
         else:
             start, end = unmasked_end, hi
         acc, m_i, l_i = _attend_key_blocks(
-            acc, m_i, l_i, q, q_mid, q_lo, qv, start, end, diag, k1, mask,
-            softmax_scale, softcap, k_cache_ptr, v_cache_ptr, page_table_ptr, cache_row, leftpad,
-            stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
-            offs_d, offs_dv, d_ok, dv_ok, BLOCK_N, PAGED, HAS_QV, ONLY_QV, SOFTCAP,
+            acc, m_i, l_i, q_parts, start, end, diag, k1, mask, softmax_scale, softcap, cache, channels,
+            BLOCK_N, FEATURES.PAGED, FEATURES.HAS_QV, FEATURES.ONLY_QV, FEATURES.SOFTCAP,
             COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS, MASKED=phase != 1,
         )
     return _softmax_state(acc, m_i, l_i, sink_ptrs, row_ok, add_sink, v_scale)
@@ -353,17 +375,16 @@ def _attention_with_lse(
 @triton.jit
 def _attend_key_blocks(
     acc, m_i, l_i,  # (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32: running state
-    q, q_mid, q_lo, qv,  # the q parts (BLOCK_M, BLOCK_D) and qv (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE
+    q_parts,  # (q, q_mid, q_lo, qv): the q parts (BLOCK_M, BLOCK_D) and qv (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE
     start, end,  # key range [start, end) to visit, in BLOCK_N steps
     diag,  # (BLOCK_M,) int32: i + s_k - s_q, the bottom-right diagonal of each row
     k1,  # int32: end of this split's keys
     mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
     softmax_scale, softcap,  # fp32
-    k_cache_ptr, v_cache_ptr,  # caches at this KV head (+ h·stride_h already added)
-    page_table_ptr, cache_row, leftpad,
-    stride_table, page_size, stride_kc_major, stride_kc_minor, stride_vc_major, stride_vc_minor,
-    offs_d, offs_dv,  # (BLOCK_D,), (BLOCK_DV,) channel indices
-    d_ok, dv_ok,  # (BLOCK_D,), (BLOCK_DV,) bool: channels below D / DV
+    cache,  # (k_cache_ptr, v_cache_ptr, stride_kc, stride_vc, page_table_ptr, stride_table, page_size,
+    #         cache_row, leftpad): the caches at this KV head (+ h·stride_h already added), their
+    #         (major, minor, head) strides and the sequence's row, pages and left padding (kernels.paged)
+    channels,  # (offs_d, offs_dv, d_ok, dv_ok): (BLOCK_D,), (BLOCK_DV,) channel indices and masks
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
     HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -371,6 +392,10 @@ def _attend_key_blocks(
     MASKED: tl.constexpr,  # False only for blocks every row of the tile fully sees
 ):
     """Online softmax over the key blocks of ``[start, end)``; returns the updated ``(acc, m_i, l_i)``."""
+    q, q_mid, q_lo, qv = q_parts
+    (k_cache_ptr, v_cache_ptr, stride_kc, stride_vc, page_table_ptr, stride_table, page_size, cache_row,
+     leftpad) = cache
+    offs_d, offs_dv, d_ok, dv_ok = channels
     for block_start in range(start, end, BLOCK_N):
         offs_n = block_start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices j
         if MASKED:
@@ -379,14 +404,14 @@ def _attend_key_blocks(
             key_ok = tl.full((BLOCK_N,), 1, tl.int1)  # the block lies inside [k0, k1): no mask
         positions = leftpad + offs_n  # (BLOCK_N,) cache positions L_b + j
         v_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
-                              stride_vc_major, stride_vc_minor, page_size, PAGED)  # (BLOCK_N,) int64
+                              stride_vc[0], stride_vc[1], page_size, PAGED)  # (BLOCK_N,) int64
         v = tl.load(v_cache_ptr + v_slots[:, None] + offs_dv[None, :],
                     mask=key_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_DV)
         if ONLY_QV:
             k = v  # not read
         else:
             k_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
-                                  stride_kc_major, stride_kc_minor, page_size, PAGED)  # (BLOCK_N,) int64
+                                  stride_kc[0], stride_kc[1], page_size, PAGED)  # (BLOCK_N,) int64
             k = tl.load(k_cache_ptr + k_slots[:, None] + offs_d[None, :],
                         mask=key_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_D)
         t = _logits(_scores(q, q_mid, q_lo, qv, k, v, HAS_QV, ONLY_QV, DOT_PRECISION, Q_PARTS),

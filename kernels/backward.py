@@ -48,8 +48,8 @@ from attn_ref.error_notes import catalogued
 from attn_ref.masks import NO_MASK, AttentionMask
 
 from .attention import _logits
-from .launch import Launch, compute_dtype, dot_precision, next_power_of_2
-from .masks import tile_key_range, visible_keys
+from .launch import Launch, Tile, compute_dtype, dot_precision, next_power_of_2
+from .masks import MASK_PARAMS, mask_args, tile_key_range, visible_keys
 from .numerics import LOG2E
 
 
@@ -111,41 +111,39 @@ def plan_preprocess(out, dout, dlse, delta) -> Launch:
 
 def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, mask=NO_MASK, softcap=0.0) -> Launch:
     """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch, KV head)."""
-    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask,
-                                                   softcap)
+    inputs, sizes, mask_group, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask,
+                                                    softcap)
     args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes, nheads_k=k.shape[2],
-                **mask_args)
-    grid = (triton.cdiv(k.shape[1], constexprs["BLOCK_N"]), k.shape[0] * k.shape[2])
+                **mask_group)
+    grid = (triton.cdiv(k.shape[1], constexprs["TILE"].BLOCK_N), k.shape[0] * k.shape[2])
     return Launch(_dkdv_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
 
 
 def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, mask=NO_MASK, softcap=0.0) -> Launch:
     """``dq`` (fp32, shape of q) over query blocks of ``BLOCK_M``, one program per (batch, head)."""
-    inputs, sizes, mask_args, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask,
-                                                   softcap)
-    args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2], **mask_args)
-    grid = (triton.cdiv(q.shape[1], constexprs["BLOCK_M"]), q.shape[0] * q.shape[2])
+    inputs, sizes, mask_group, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask,
+                                                    softcap)
+    args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2], **mask_group)
+    grid = (triton.cdiv(q.shape[1], constexprs["TILE"].BLOCK_M), q.shape[0] * q.shape[2])
     return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
 
 
-def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask, softcap) -> tuple[dict, dict, dict]:
-    """``(inputs, sizes, mask_args, constexprs)``: the arguments the dK/dV and dQ kernels share, in
+def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask, softcap) -> tuple[dict, dict, dict, dict]:
+    """``(inputs, sizes, mask_group, constexprs)``: the arguments the dK/dV and dQ kernels share, in
     their order; ``mask``: the forward's :class:`~attn_ref.masks.AttentionMask`."""
     d, dv = q.shape[-1], v.shape[-1]
     block_m, block_n = _blocks(max(d, dv))
     inputs = dict(**_pointer("q", "q", q), **_pointer("k", "k", k), **_pointer("v", "v", v),
                   **_pointer("dout", "do", dout), lse_ptr=lse_bhs, delta_ptr=delta)
-    window_left, window_right, chunk = mask.bounded(q.shape[1], k.shape[1]).kernel_args()
     softcap = float(softcap or 0.0)
     sizes = dict(seqlen_q=q.shape[1], seqlen_k=k.shape[1], softmax_scale=float(softmax_scale),
                  softcap=softcap if softcap > 0 else 1.0)
-    mask_args = dict(window_left=window_left, window_right=window_right, chunk=chunk)
     constexprs = dict(
-        GROUP=q.shape[2] // k.shape[2], SOFTCAP=softcap > 0, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=max(16, next_power_of_2(d)), BLOCK_DV=max(16, next_power_of_2(dv)),
+        GROUP=q.shape[2] // k.shape[2], SOFTCAP=softcap > 0, D=d, DV=dv,
+        TILE=Tile(block_m, block_n, max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))),
         DTYPE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
     )
-    return inputs, sizes, mask_args, constexprs
+    return inputs, sizes, mask_args(mask.bounded(q.shape[1], k.shape[1])), constexprs
 
 
 def _blocks(head_dim: int) -> tuple[int, int]:
@@ -154,17 +152,18 @@ def _blocks(head_dim: int) -> tuple[int, int]:
 
 
 def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
-    """``<name>_ptr`` and ``stride_<prefix>b/s/h`` of a ``[b, S, h, ...]`` tensor, as the kernels take them
-    (strides 0 for None, a tensor the kernel does not read)."""
-    strides = x.stride()[:3] if x is not None else (0, 0, 0)
-    return {f"{name}_ptr": x, **{f"stride_{prefix}{axis}": stride for axis, stride in zip("bsh", strides)}}
+    """``<name>_ptr`` and ``stride_<prefix> = (batch, row, head)`` of a ``[b, S, h, ...]`` tensor, as
+    the kernels take them (strides 0 for None, a tensor the kernel does not read)."""
+    return {f"{name}_ptr": x, f"stride_{prefix}": tuple(x.stride()[:3]) if x is not None else (0, 0, 0)}
 
 
+# The strides are groups (batch, row, head) that Triton specialises like the cache strides of the
+# forward; the lengths and the mask (kernels.masks.MASK_PARAMS) stay single parameters, unspecialised.
 @triton.jit(do_not_specialize=["seqlen_q"])
 def _preprocess_kernel(
-    out_ptr, stride_ob, stride_os, stride_oh,  # [b, s_q, h, d_v]
-    dout_ptr, stride_db, stride_ds, stride_dh,  # [b, s_q, h, d_v]
-    dlse_ptr, stride_lb, stride_ls, stride_lh,  # [b, s_q, h] fp32 (unused unless HAS_DLSE)
+    out_ptr, stride_o,  # [b, s_q, h, d_v]
+    dout_ptr, stride_d,  # [b, s_q, h, d_v]
+    dlse_ptr, stride_l,  # [b, s_q, h] fp32 (unused unless HAS_DLSE)
     delta_ptr,  # [b, h, s_q] fp32 output
     seqlen_q, nheads,
     DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_DLSE: tl.constexpr,
@@ -173,35 +172,39 @@ def _preprocess_kernel(
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = (pid_bh // nheads).to(tl.int64), (pid_bh % nheads).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
-    o = _load_rows(out_ptr + b * stride_ob + h * stride_oh, offs_m, seqlen_q, stride_os, DV, BLOCK_DV,
+    o = _load_rows(_at(out_ptr, stride_o, b, h), offs_m, seqlen_q, stride_o[1], DV, BLOCK_DV,
                    tl.float32)  # (BLOCK_M, BLOCK_DV)
-    do = _load_rows(dout_ptr + b * stride_db + h * stride_dh, offs_m, seqlen_q, stride_ds, DV, BLOCK_DV,
+    do = _load_rows(_at(dout_ptr, stride_d, b, h), offs_m, seqlen_q, stride_d[1], DV, BLOCK_DV,
                     tl.float32)  # (BLOCK_M, BLOCK_DV)
     delta = tl.sum(o * do, axis=1)  # (BLOCK_M,) D_i = dO_i · out_i
     row_mask = offs_m < seqlen_q
     if HAS_DLSE:
-        delta -= tl.load(dlse_ptr + b * stride_lb + offs_m * stride_ls + h * stride_lh, mask=row_mask, other=0.0)
+        delta -= tl.load(_at(dlse_ptr, stride_l, b, h) + offs_m * stride_l[1], mask=row_mask, other=0.0)
     tl.store(delta_ptr + pid_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=row_mask)
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "window_left", "window_right", "chunk"])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", *MASK_PARAMS])
 def _dkdv_kernel(
-    q_ptr, stride_qb, stride_qs, stride_qh,  # [b, s_q, h, d]
-    k_ptr, stride_kb, stride_ks, stride_kh,  # [b, s_k, h_k, d]
-    v_ptr, stride_vb, stride_vs, stride_vh,  # [b, s_k, h_k, d_v]
-    dout_ptr, stride_dob, stride_dos, stride_doh,  # [b, s_q, h, d_v]
+    q_ptr, stride_q,  # [b, s_q, h, d]; strides (batch, row, head)
+    k_ptr, stride_k,  # [b, s_k, h_k, d]
+    v_ptr, stride_v,  # [b, s_k, h_k, d_v]
+    dout_ptr, stride_do,  # [b, s_q, h, d_v]
     lse_ptr, delta_ptr,  # [b, h, s_q] fp32
-    dk_ptr, stride_dkb, stride_dks, stride_dkh,  # [b, s_k, h_k, d] fp32 output
-    dv_ptr, stride_dvb, stride_dvs, stride_dvh,  # [b, s_k, h_k, d_v] fp32 output
+    dk_ptr, stride_dk,  # [b, s_k, h_k, d] fp32 output
+    dv_ptr, stride_dv,  # [b, s_k, h_k, d_v] fp32 output
     seqlen_q, seqlen_k, softmax_scale, softcap, nheads_k,
     window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
     chunk,  # attention_chunk, 0 = off
     GROUP: tl.constexpr, SOFTCAP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    TILE: tl.constexpr,  # Tile(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV) (kernels.launch)
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """``dK``, ``dV`` of ``BLOCK_N`` keys of one (batch, KV head), summed over its ``GROUP`` query heads."""
     mask = (window_left, window_right, chunk)  # the mask group (kernels.masks)
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    BLOCK_D: tl.constexpr = TILE.BLOCK_D
+    BLOCK_DV: tl.constexpr = TILE.BLOCK_DV
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     b, hk = (pid_bh // nheads_k).to(tl.int64), (pid_bh % nheads_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
@@ -210,54 +213,60 @@ def _dkdv_kernel(
     n_end = tl.minimum(pid_n * BLOCK_N + BLOCK_N, seqlen_k)  # one past this program's last key
     for g in range(GROUP):  # the query heads of this KV head (GQA): dK/dV sum over them
         q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
-            q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh, v_ptr, stride_vb, stride_vh,
-            dout_ptr, stride_dob, stride_doh, lse_ptr, delta_ptr, b, hk * GROUP + g, nheads_k * GROUP, seqlen_q, GROUP)
+            q_ptr, stride_q, k_ptr, stride_k, v_ptr, stride_v, dout_ptr, stride_do, lse_ptr, delta_ptr,
+            b, hk * GROUP + g, nheads_k * GROUP, seqlen_q, GROUP)
         # the same k, v tiles for every g: one load per query head, beside the s_q / BLOCK_M q tiles it streams
-        k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
-        v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
+        k = _load_rows(k_head, offs_n, seqlen_k, stride_k[1], D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
+        v = _load_rows(v_head, offs_n, seqlen_k, stride_v[1], DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
         for m0 in range(0, seqlen_q, BLOCK_M):
             # the keys some row of this query block sees, among this program's: none, skip the block
             lo, hi, _, _ = tile_key_range(mask, m0, tl.minimum(m0 + BLOCK_M, seqlen_q), seqlen_q,
                                           seqlen_k, pid_n * BLOCK_N, n_end)
             if lo < hi:
                 offs_m = m0 + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
-                q = _load_rows(q_head, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
-                do = _load_rows(do_head, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
+                # (BLOCK_M, BLOCK_D), (BLOCK_M, BLOCK_DV)
+                q = _load_rows(q_head, offs_m, seqlen_q, stride_q[1], D, BLOCK_D, DTYPE)
+                do = _load_rows(do_head, offs_m, seqlen_q, stride_do[1], DV, BLOCK_DV, DTYPE)
                 lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
                 p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale,
                                                  softcap, mask, SOFTCAP, PRECISION)
                 dv += tl.dot(tl.trans(p.to(DTYPE)), do, input_precision=PRECISION)  # dV = Pᵀ dO
                 ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
                 dk += tl.dot(tl.trans(ds.to(DTYPE)), q, input_precision=PRECISION)  # dK = dSᵀ Q (· scale)
-    _store_rows(dk_ptr + b * stride_dkb + hk * stride_dkh, dk * softmax_scale, offs_n, seqlen_k, stride_dks, D, BLOCK_D)
-    _store_rows(dv_ptr + b * stride_dvb + hk * stride_dvh, dv, offs_n, seqlen_k, stride_dvs, DV, BLOCK_DV)
+    _store_rows(_at(dk_ptr, stride_dk, b, hk), dk * softmax_scale, offs_n, seqlen_k, stride_dk[1], D,
+                BLOCK_D)
+    _store_rows(_at(dv_ptr, stride_dv, b, hk), dv, offs_n, seqlen_k, stride_dv[1], DV, BLOCK_DV)
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "window_left", "window_right", "chunk"])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", *MASK_PARAMS])
 def _dq_kernel(
-    q_ptr, stride_qb, stride_qs, stride_qh,  # [b, s_q, h, d]
-    k_ptr, stride_kb, stride_ks, stride_kh,  # [b, s_k, h_k, d]
-    v_ptr, stride_vb, stride_vs, stride_vh,  # [b, s_k, h_k, d_v]
-    dout_ptr, stride_dob, stride_dos, stride_doh,  # [b, s_q, h, d_v]
+    q_ptr, stride_q,  # [b, s_q, h, d]; strides (batch, row, head)
+    k_ptr, stride_k,  # [b, s_k, h_k, d]
+    v_ptr, stride_v,  # [b, s_k, h_k, d_v]
+    dout_ptr, stride_do,  # [b, s_q, h, d_v]
     lse_ptr, delta_ptr,  # [b, h, s_q] fp32
-    dq_ptr, stride_dqb, stride_dqs, stride_dqh,  # [b, s_q, h, d] fp32 output
+    dq_ptr, stride_dq,  # [b, s_q, h, d] fp32 output
     seqlen_q, seqlen_k, softmax_scale, softcap, nheads,
     window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
     chunk,  # attention_chunk, 0 = off
     GROUP: tl.constexpr, SOFTCAP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    TILE: tl.constexpr,  # Tile(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV) (kernels.launch)
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """``dQ`` of ``BLOCK_M`` query rows of one (batch, head), over the key blocks the rows can see."""
     mask = (window_left, window_right, chunk)  # the mask group (kernels.masks)
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    BLOCK_D: tl.constexpr = TILE.BLOCK_D
+    BLOCK_DV: tl.constexpr = TILE.BLOCK_DV
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = (pid_bh // nheads).to(tl.int64), (pid_bh % nheads).to(tl.int64)
     q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
-        q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh, v_ptr, stride_vb, stride_vh,
-        dout_ptr, stride_dob, stride_doh, lse_ptr, delta_ptr, b, h, nheads, seqlen_q, GROUP)
+        q_ptr, stride_q, k_ptr, stride_k, v_ptr, stride_v, dout_ptr, stride_do, lse_ptr, delta_ptr,
+        b, h, nheads, seqlen_q, GROUP)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
-    q = _load_rows(q_head, offs_m, seqlen_q, stride_qs, D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
-    do = _load_rows(do_head, offs_m, seqlen_q, stride_dos, DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
+    q = _load_rows(q_head, offs_m, seqlen_q, stride_q[1], D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
+    do = _load_rows(do_head, offs_m, seqlen_q, stride_do[1], DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
     lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # the keys some row of this block sees, [lo, hi), visited in whole blocks of BLOCK_N
@@ -265,19 +274,20 @@ def _dq_kernel(
                                   seqlen_q, seqlen_k, 0, seqlen_k)
     for n0 in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
-        k = _load_rows(k_head, offs_n, seqlen_k, stride_ks, D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
-        v = _load_rows(v_head, offs_n, seqlen_k, stride_vs, DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
+        k = _load_rows(k_head, offs_n, seqlen_k, stride_k[1], D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
+        v = _load_rows(v_head, offs_n, seqlen_k, stride_v[1], DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
         p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
                                          mask, SOFTCAP, PRECISION)
         ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
         dq += tl.dot(ds.to(DTYPE), k, input_precision=PRECISION)  # dQ = dS K (· scale)
-    _store_rows(dq_ptr + b * stride_dqb + h * stride_dqh, dq * softmax_scale, offs_m, seqlen_q, stride_dqs, D, BLOCK_D)
+    _store_rows(_at(dq_ptr, stride_dq, b, h), dq * softmax_scale, offs_m, seqlen_q, stride_dq[1], D,
+                BLOCK_D)
 
 
 @triton.jit
 def _head_pointers(
-    q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride_kh,  # [b, s_q, h, d], [b, s_k, h_k, d]
-    v_ptr, stride_vb, stride_vh, dout_ptr, stride_dob, stride_doh,  # [b, s_k, h_k, d_v], [b, s_q, h, d_v]
+    q_ptr, stride_q, k_ptr, stride_k,  # [b, s_q, h, d], [b, s_k, h_k, d]; strides (batch, row, head)
+    v_ptr, stride_v, dout_ptr, stride_do,  # [b, s_k, h_k, d_v], [b, s_q, h, d_v]
     lse_ptr, delta_ptr,  # [b, h, s_q] fp32
     b, h, nheads, seqlen_q, GROUP: tl.constexpr,
 ):
@@ -287,9 +297,15 @@ def _head_pointers(
     kernels read their tiles from these."""
     hk = h // GROUP
     stats = (b * nheads + h) * seqlen_q
-    return (q_ptr + b * stride_qb + h * stride_qh, k_ptr + b * stride_kb + hk * stride_kh,
-            v_ptr + b * stride_vb + hk * stride_vh, dout_ptr + b * stride_dob + h * stride_doh,
-            lse_ptr + stats, delta_ptr + stats)
+    return (_at(q_ptr, stride_q, b, h), _at(k_ptr, stride_k, b, hk), _at(v_ptr, stride_v, b, hk),
+            _at(dout_ptr, stride_do, b, h), lse_ptr + stats, delta_ptr + stats)
+
+
+@triton.jit
+def _at(ptr, strides, b, h):
+    """``ptr`` moved to batch entry ``b`` and head ``h`` of a ``[b, S, h, ...]`` tensor with
+    ``strides = (batch, row, head)``: the start of its ``[S, ...]`` view."""
+    return ptr + b * strides[0] + h * strides[2]
 
 
 @triton.jit

@@ -15,8 +15,9 @@ GPU neither happens.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton.language as tl
@@ -42,9 +43,16 @@ _TL_DTYPES = {
 class Launch:
     """A planned kernel call: ``kernel[grid](**args, **constexprs, num_warps=..., num_stages=...)``.
 
-    ``args`` are the runtime arguments (tensors, ints, floats) in the kernel's parameter order;
-    ``constexprs`` the compile-time ones. Tensors may be ``None`` only where the kernel never reads
-    them (a constexpr switch is off); :meth:`run` replaces them by a one-element dummy.
+    ``args`` are the runtime arguments (tensors, ints, floats, or argument groups: tuples and
+    NamedTuples of them) in the kernel's parameter order; ``constexprs`` the compile-time ones (a
+    value or a NamedTuple group such as :class:`Tile`). Tensors may be ``None`` only where the
+    kernel never reads them (a constexpr switch is off); :meth:`run` replaces them by a one-element
+    dummy, inside groups too.
+
+    Triton specialises every int inside a tuple argument (divisibility by 16, ``== 1``) whatever
+    ``do_not_specialize`` says (3.6 and 3.9: that list only reaches whole parameters), so a group
+    holds only values the kernel lets Triton specialise; an unspecialised value stays a parameter
+    of its own.
     """
 
     kernel: Any
@@ -59,15 +67,45 @@ class Launch:
         """``args`` with every ``None`` replaced by a dummy int32 tensor (never dereferenced; ``empty``
         launches no fill kernel, so a CUDA graph of a call holds only the real launches)."""
         dummy = torch.empty(1, dtype=torch.int32, device=self.dummy_device)
-        return {k: (dummy if v is None else v) for k, v in self.args.items()}
+        return {k: _filled(v, dummy) for k, v in self.args.items()}
 
     def run(self) -> None:
         if min(self.grid) == 0:
             return
-        require_backend(self.args.values(), INTERPRETING)
+        require_backend(leaves(self.args.values()), INTERPRETING)
         self.kernel[self.grid](
             **self.runtime_args(), **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
         )
+
+
+class Tile(NamedTuple):
+    """The block sizes of a kernel's tile, one compile-time group (``TILE``; the kernels read
+    ``TILE.BLOCK_M``...): ``BLOCK_M`` query rows (packed entries in the forward), ``BLOCK_N`` keys,
+    ``BLOCK_D`` / ``BLOCK_DV`` channels (powers of 2 covering ``d`` / ``d_v``)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_D: int
+    BLOCK_DV: int
+
+
+def leaves(values: Iterable) -> Iterator:
+    """The values of ``values`` with every argument group (tuple) replaced by its elements, recursively."""
+    for value in values:
+        if isinstance(value, tuple):
+            yield from leaves(value)
+        else:
+            yield value
+
+
+def _filled(value, dummy):
+    """``value`` with ``dummy`` for ``None``, inside argument groups too (a NamedTuple keeps its type)."""
+    if value is None:
+        return dummy
+    if isinstance(value, tuple):
+        items = [_filled(x, dummy) for x in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
 
 
 def tl_dtype(dtype: torch.dtype):

@@ -16,24 +16,37 @@ POINTER_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "
 
 def launch_signature(launch) -> tuple[dict, dict, dict]:
     """``(signature, constexprs, attrs)`` of a planned launch for ``ASTSource``, specialised as
-    Triton's launcher does: 16-byte aligned pointers and ints divisible by 16 (other than the
-    ``do_not_specialize`` ones) are marked ``tt.divisibility = 16``, which enables vectorised loads."""
+    Triton's launcher does: 16-byte aligned pointers and ints divisible by 16 are marked
+    ``tt.divisibility = 16`` (vectorised loads) and ints equal to 1 become constants, except the
+    ``do_not_specialize`` parameters. An argument group (tuple) gets a tuple of types, its elements
+    are always specialised (Triton's rule) and their attributes and constants are keyed by path
+    ``(index, element, ...)``."""
     args = launch.runtime_args()
     unspecialised = {p.name for p in launch.kernel.params if p.do_not_specialize}
-    signature, attrs = {}, {}
+    signature, constexprs, attrs = {}, dict(launch.constexprs), {}
     for index, name in enumerate(launch.kernel.arg_names):
-        value = args.get(name)
         if name in launch.constexprs:
             signature[name] = "constexpr"
-            continue
-        if isinstance(value, torch.Tensor):
-            signature[name] = "*" + POINTER_TYPES[value.dtype]
-            aligned = value.data_ptr() % 16 == 0
-        elif isinstance(value, int):
-            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
-            aligned = value % 16 == 0 and name not in unspecialised
         else:
-            signature[name], aligned = "fp32", False
-        if aligned:
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    return signature, dict(launch.constexprs), attrs
+            signature[name] = _argument_type(args[name], (index,), name not in unspecialised, constexprs, attrs)
+    return signature, constexprs, attrs
+
+
+def _argument_type(value, path: tuple, specialise: bool, constexprs: dict, attrs: dict):
+    """The signature type of the runtime argument ``value`` at ``path``; records its divisibility in
+    ``attrs`` and, for a specialised int 1, its value in ``constexprs``."""
+    if isinstance(value, tuple):
+        types = [_argument_type(x, (*path, i), True, constexprs, attrs) for i, x in enumerate(value)]
+        return type(value)(*types) if hasattr(value, "_fields") else tuple(types)
+    if isinstance(value, torch.Tensor):
+        if value.data_ptr() % 16 == 0:
+            attrs[path] = [["tt.divisibility", 16]]
+        return "*" + POINTER_TYPES[value.dtype]
+    if isinstance(value, int):
+        if specialise and value == 1:
+            constexprs[path] = 1
+            return "constexpr"
+        if specialise and value % 16 == 0:
+            attrs[path] = [["tt.divisibility", 16]]
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    return "fp32"

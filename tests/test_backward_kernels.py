@@ -113,6 +113,7 @@ COMPILE_VARIANTS = [
 
 def _compile_launches(dtype, d, softcap, gqa, with_dlse):
     """The launches of one backward call (``B=2, Sq=128, Sk=192, H=8``), planned as the launcher does."""
+    from attn_ref.masks import CAUSAL
     from kernels.backward import plan_dkdv, plan_dq, plan_preprocess
 
     b, sq, sk, h = 2, 128, 192, 8

@@ -48,7 +48,7 @@ import torch
 
 from .attention import MAX_SCORE_ELEMENTS, _logits
 from .error_notes import catalogued
-from .masks import AttentionMask
+from .masks import NO_MASK, AttentionMask
 from .argument_checks import (
     _require_device,
     _require_dtype,
@@ -63,15 +63,15 @@ from .argument_checks import (
 @catalogued
 def attention_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-    lse: torch.Tensor, softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
-    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1),
-    attention_chunk: Optional[int] = 0, softcap: float = 0.0,
+    lse: torch.Tensor, softmax_scale: float, mask: AttentionMask = NO_MASK,
+    dlse: Optional[torch.Tensor] = None, grad_dtype: Optional[torch.dtype] = None, *,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of q, k, v for attention of ``q`` over all of ``k``/``v`` (see the module docstring).
 
     Takes what the forward returned: ``out, lse, *_ = flash_attn_with_kvcache(q, k, v, ...,
-    return_softmax_lse=True)`` with the same ``softmax_scale`` and mask options. The arguments are
-    checked first (:func:`check_backward_args`, shared with :func:`kernels.attention_backward`).
+    return_softmax_lse=True)`` with the same ``softmax_scale``, and the mask of the forward's options
+    (``AttentionMask(**options)``, :mod:`attn_ref.masks`). The arguments are checked first (:func:`check_backward_args`, shared with :func:`kernels.attention_backward`).
 
     Args:
         dout: ``(b, s_q, h, d_v)`` gradient of the output.
@@ -81,18 +81,17 @@ def attention_backward(
         out: ``(b, s_q, h, d_v)`` the forward's output.
         lse: ``(b, h, s_q)`` the forward's natural-log LSE, as FA returns it.
         softmax_scale: the forward's factor of ``q·k``.
-        causal: bottom-right aligned causal mask (row ``i`` sees keys ``j <= i + s_k - s_q``).
+        mask: the forward's mask (:class:`~attn_ref.masks.AttentionMask`, e.g.
+            ``AttentionMask(causal=True, window_size=(w, 0))``; FA's options ``causal``,
+            ``window_size``, ``attention_chunk`` are its keywords).
         dlse: ``(b, h, s_q)`` gradient of the LSE, or None (no gradient flows into it).
         grad_dtype: dtype of the returned gradients; default each input's own dtype.
-        window_size: the forward's ``(left, right)`` sliding window; a side of -1 is unbounded.
-        attention_chunk: the forward's chunk size (0 or None: off).
         softcap: the forward's logit softcap (0 or None: off).
 
     Returns:
         ``(dq (b, s_q, h, d), dk (b, s_k, h_k, d), dv (b, s_k, h_k, d_v))``.
     """
-    check_backward_args(dout, q, k, v, out, lse, dlse)
-    mask = AttentionMask(causal=causal, window_size=window_size, attention_chunk=attention_chunk)
+    check_backward_args(dout, q, k, v, out, lse, dlse, mask)
     work = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[2] // k.shape[2]
 
@@ -111,10 +110,11 @@ def attention_backward(
             dv.to(grad_dtype or v.dtype))
 
 
-def check_backward_args(dout, q, k, v, out, lse, dlse) -> None:
+def check_backward_args(dout, q, k, v, out, lse, dlse, mask) -> None:
     """The arguments of both ``attention_backward``: tensors on q's device, floating point, k and v
     in q's dtype, ``q (b, s_q, h, d)``, ``k (b, s_k, h_k, d)``, ``v (b, s_k, h_k, d_v)`` with
-    ``h_k`` dividing ``h``, ``out`` and ``dout (b, s_q, h, d_v)``, ``lse`` and ``dlse (b, h, s_q)``."""
+    ``h_k`` dividing ``h``, ``out`` and ``dout (b, s_q, h, d_v)``, ``lse`` and ``dlse (b, h, s_q)``,
+    ``mask`` an :class:`~attn_ref.masks.AttentionMask`."""
     named = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}
     if dlse is not None:
         named["dlse"] = dlse
@@ -137,6 +137,11 @@ def check_backward_args(dout, q, k, v, out, lse, dlse) -> None:
         _require_device(name, x, q.device)
     _require_dtype("k", k, q.dtype)
     _require_dtype("v", v, q.dtype)
+    if not isinstance(mask, AttentionMask):
+        raise TypeError(
+            f"mask must be an attn_ref.AttentionMask (e.g. AttentionMask(causal=True)), got "
+            f"{type(mask).__name__}"
+        )
 
 
 def _preprocess(out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tensor]) -> torch.Tensor:

@@ -129,9 +129,11 @@ Builder = Callable[[], tuple[Callable[[], Grads], str]]
 def kernels_call(problem: BackwardProblem, saved: SavedForward) -> tuple[Callable[[], Grads], str]:
     """``kernels.attention_backward`` from the saved ``out`` and ``lse``."""
     import kernels
+    from attn_ref import AttentionMask
 
     s = saved
-    return (lambda: kernels.attention_backward(s.dout, s.q, s.k, s.v, s.out, s.lse, s.scale, causal=problem.causal),
+    mask = AttentionMask(causal=problem.causal)
+    return (lambda: kernels.attention_backward(s.dout, s.q, s.k, s.v, s.out, s.lse, s.scale, mask),
             "kernels.attention_backward: preprocess + dK/dV + dQ kernels, fp32 accumulation, bf16 gradients")
 
 
@@ -195,8 +197,8 @@ def attn_ref_grads(problem: BackwardProblem, saved: SavedForward) -> Grads:
     import attn_ref
 
     s = saved
-    return attn_ref.attention_backward(s.dout, s.q, s.k, s.v, s.out, s.lse, s.scale, causal=problem.causal,
-                                       grad_dtype=torch.float32)
+    return attn_ref.attention_backward(s.dout, s.q, s.k, s.v, s.out, s.lse, s.scale,
+                                       attn_ref.AttentionMask(causal=problem.causal), grad_dtype=torch.float32)
 
 
 def run(quick: bool, ceilings: dict, timer, device: str = "cuda") -> Iterator[dict]:

@@ -56,9 +56,9 @@ from .numerics import LOG2E
 @catalogued
 def attention_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-    lse: torch.Tensor, softmax_scale: float, causal: bool = False, dlse: Optional[torch.Tensor] = None,
-    grad_dtype: Optional[torch.dtype] = None, *, window_size: tuple[int, int] = (-1, -1),
-    attention_chunk: Optional[int] = 0, softcap: float = 0.0,
+    lse: torch.Tensor, softmax_scale: float, mask: AttentionMask = NO_MASK,
+    dlse: Optional[torch.Tensor] = None, grad_dtype: Optional[torch.dtype] = None, *,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments, shapes, checks).
 
@@ -70,18 +70,17 @@ def attention_backward(
         out: ``(b, s_q, h, d_v)`` the forward's output.
         lse: ``(b, h, s_q)`` the forward's natural-log LSE, as FA returns it.
         softmax_scale: the forward's.
-        causal: the forward's (bottom-right causal).
+        mask: the forward's mask (:class:`~attn_ref.masks.AttentionMask`, e.g.
+            ``AttentionMask(causal=True, window_size=(w, 0))``; FA's options ``causal``,
+            ``window_size``, ``attention_chunk`` are its keywords).
         dlse: ``(b, h, s_q)`` gradient of the LSE, or None.
         grad_dtype: dtype of the returned gradients; default each input's own dtype.
-        window_size: the forward's sliding window ``(left, right)`` (-1: unbounded).
-        attention_chunk: the forward's chunk size (0 or None: off).
         softcap: the forward's logit softcap (0 or None: off).
 
     Returns:
         ``(dq, dk, dv)`` in the shapes of q, k, v.
     """
-    check_backward_args(dout, q, k, v, out, lse, dlse)
-    mask = AttentionMask(causal=causal, window_size=window_size, attention_chunk=attention_chunk)
+    check_backward_args(dout, q, k, v, out, lse, dlse, mask)
     q, k, v, dout, out = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, dout, out))
     b, sq, h, _ = q.shape
     device = q.device

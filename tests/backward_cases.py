@@ -14,8 +14,9 @@ import attn_ref
 from attn_ref import dense
 from tolerance import assert_close_fa
 
-#: The forward's masks and softcap, as keyword arguments of ``attention_backward`` (every row of the
-#: problems below sees a key: ``Sq <= Sk``, the diagonal inside every window and chunk).
+#: The forward's options, masks and softcap, as the forward takes them (``backward_keywords`` turns
+#: them into ``attention_backward``'s; every row of the problems below sees a key: ``Sq <= Sk``, the
+#: diagonal inside every window and chunk).
 MASKS = {
     "full": {},
     "causal": dict(causal=True),
@@ -25,6 +26,11 @@ MASKS = {
     "softcap": dict(softcap=1.5),
     "causal-softcap": dict(causal=True, softcap=3.0),
 }
+
+
+def backward_keywords(softcap=0.0, **mask_options) -> dict:
+    """The forward's options as ``attention_backward``'s keywords: ``mask`` and ``softcap``."""
+    return dict(mask=attn_ref.AttentionMask(**mask_options), softcap=softcap)
 
 
 def dense_forward(q, k, v, scale, upcast=True, causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0):
@@ -78,7 +84,7 @@ def assert_backward_matches_float64(attention_backward, shape, dtype, seed, **ma
     q, k, v, dout, dlse = random_problem(shape, dtype, seed)
     scale = q.shape[-1] ** -0.5
     out, lse = saved_forward(q, k, v, scale, **masks)
-    grads = attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **masks)
+    grads = attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **backward_keywords(**masks))
     ref, lowp = expected_gradients(q, k, v, dout, dlse, scale, **masks)
     for name, grad, grad_ref, grad_lowp in zip("qkv", grads, ref, lowp):
         assert grad.dtype == dtype, name

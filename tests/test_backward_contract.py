@@ -3,10 +3,11 @@
 * What ``flash_attn_with_kvcache(..., return_softmax_lse=True)`` returns feeds the backward as it
   is: ``out, lse, *_ = flash_attn_with_kvcache(q, k_cache, v_cache, causal=True,
   return_softmax_lse=True)``, then ``attention_backward(dout, q, k_cache, v_cache, out, lse, scale,
-  causal=True)`` gives the float64 autograd gradients (FlashAttention's rule), with and without an
+  AttentionMask(causal=True))`` gives the float64 autograd gradients (FlashAttention's rule), with and without an
   LSE gradient, also when ``s_q == h`` (where a transposed LSE would have the right shape).
 * The arguments are checked first: a transposed LSE ``(b, s_q, h)``, and a wrong type, shape, dtype
-  or device of each argument, raise the catalogued error, the same text from both implementations.
+  or device of each argument, or a mask that is not an ``AttentionMask`` (the old ``causal`` bool),
+  raise the catalogued error, the same text from both implementations.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import attn_ref
 import errors
 import kernels
+from attn_ref.masks import CAUSAL
 from backward_cases import expected_gradients, random_problem
 from tolerance import assert_close_fa
 
@@ -40,7 +42,7 @@ def test_the_forwards_outputs_feed_the_backward(impl, shape, dtype, with_dlse):
                                                 causal=True, return_softmax_lse=True)
     b, sq, _, h, _, _ = shape
     assert lse.shape == (b, h, sq)
-    grads = impl.attention_backward(dout, q, k_cache, v_cache, out, lse, scale, causal=True,
+    grads = impl.attention_backward(dout, q, k_cache, v_cache, out, lse, scale, CAUSAL,
                                     dlse=dlse if with_dlse else None)
     dlse = dlse if with_dlse else torch.zeros_like(dlse)  # no LSE gradient: loss Σ out·dout
     ref, lowp = expected_gradients(q, k_cache, v_cache, dout, dlse, scale, causal=True)
@@ -117,22 +119,21 @@ BAD_ARGUMENTS = [
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda m: m.__name__)
 def test_bad_arguments_raise_the_catalogued_error(impl, change, error, message):
     with pytest.raises(error) as info:
-        backward(impl, change(valid_arguments()), causal=True)
+        backward(impl, change(valid_arguments()), mask=CAUSAL)
     assert type(info.value) is error
     assert str(info.value) == message
     assert errors.lookup(info.value) is not None
 
 
-#: Bad mask options: the errors of ``flash_attn_with_kvcache`` (:class:`attn_ref.AttentionMask`).
-BAD_MASKS = [dict(causal="yes"), dict(window_size=(1,)), dict(attention_chunk="x")]
+#: Masks spelled another way than an AttentionMask: the old positional ``causal``, FA's options.
+NOT_MASKS = [(True, "bool"), (dict(causal=True), "dict"), ((4, 0), "tuple")]
 
 
-@pytest.mark.parametrize("options", BAD_MASKS, ids=[repr(o) for o in BAD_MASKS])
+@pytest.mark.parametrize("mask, type_name", NOT_MASKS, ids=[name for _, name in NOT_MASKS])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda m: m.__name__)
-def test_bad_mask_options_raise_the_masks_error(impl, options):
-    with pytest.raises((TypeError, ValueError)) as from_mask:
-        attn_ref.AttentionMask(**options)
-    with pytest.raises(type(from_mask.value)) as info:
-        backward(impl, valid_arguments(), **options)
-    assert str(info.value) == str(from_mask.value)
-    assert errors.lookup(info.value)["id"] == errors.lookup(from_mask.value)["id"]
+def test_a_mask_that_is_not_an_attention_mask_is_refused(impl, mask, type_name):
+    with pytest.raises(TypeError) as info:
+        backward(impl, valid_arguments(), mask=mask)
+    assert str(info.value) == (
+        f"mask must be an attn_ref.AttentionMask (e.g. AttentionMask(causal=True)), got {type_name}")
+    assert errors.lookup(info.value)["slug"] == "backward/mask-not-an-attention-mask"

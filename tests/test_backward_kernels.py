@@ -29,7 +29,8 @@ import torch
 import attn_ref
 from attn_ref import sequence_parallel as sp
 from attn_ref.masks import CAUSAL
-from backward_cases import MASKS, assert_backward_matches_float64, random_problem, saved_forward
+from backward_cases import (MASKS, assert_backward_matches_float64, backward_keywords, random_problem,
+                            saved_forward)
 
 kernels_backward = pytest.importorskip("kernels.backward")
 
@@ -70,8 +71,9 @@ def test_kernel_equals_reference_fp32(masks, with_dlse):
     scale = 0.2
     out, lse = saved_forward(q, k, v, scale, **masks)
     dlse = dlse if with_dlse else None
-    grads = kernels_backward.attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **masks)
-    expected = attn_ref.attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **masks)
+    keywords = backward_keywords(**masks)
+    grads = kernels_backward.attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **keywords)
+    expected = attn_ref.attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **keywords)
     for grad, grad_ref in zip(grads, expected):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-5)
     if masks.get("causal") or "window_size" in masks:
@@ -113,7 +115,6 @@ COMPILE_VARIANTS = [
 
 def _compile_launches(dtype, d, softcap, gqa, with_dlse):
     """The launches of one backward call (``B=2, Sq=128, Sk=192, H=8``), planned as the launcher does."""
-    from attn_ref.masks import CAUSAL
     from kernels.backward import plan_dkdv, plan_dq, plan_preprocess
 
     b, sq, sk, h = 2, 128, 192, 8

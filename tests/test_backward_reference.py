@@ -21,7 +21,8 @@ import torch
 import attn_ref
 from attn_ref import sequence_parallel as sp
 from attn_ref.masks import CAUSAL, NO_MASK
-from backward_cases import MASKS, assert_backward_matches_float64, dense_forward, saved_forward
+from backward_cases import (MASKS, assert_backward_matches_float64, backward_keywords, dense_forward,
+                            saved_forward)
 
 
 class _DenseWithReferenceBackward(torch.autograd.Function):
@@ -37,7 +38,8 @@ class _DenseWithReferenceBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        grads = attn_ref.attention_backward(dout, q, k, v, out, lse, ctx.scale, dlse=dlse, **ctx.masks)
+        grads = attn_ref.attention_backward(dout, q, k, v, out, lse, ctx.scale, dlse=dlse,
+                                            **backward_keywords(**ctx.masks))
         return (*grads, None, None)
 
 
@@ -75,11 +77,11 @@ def test_rows_without_keys_get_zero_gradients():
     q, k, v, dout = torch.randn(1, 6, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 6, 2, 8)
     out, lse = saved_forward(q, k, v, 0.5, causal=True)  # lse (b, h, s_q)
     assert torch.isinf(lse[..., :2]).all()
-    dq, dk, dv = attn_ref.attention_backward(dout, q, k, v, out, lse, 0.5, True)
+    dq, dk, dv = attn_ref.attention_backward(dout, q, k, v, out, lse, 0.5, CAUSAL)
     assert torch.equal(dq[:, :2], torch.zeros_like(dq[:, :2]))
     # the other rows: as for the same problem without the empty rows
     dq_rest, dk_rest, dv_rest = attn_ref.attention_backward(dout[:, 2:], q[:, 2:], k, v, out[:, 2:],
-                                                            lse[..., 2:], 0.5, True)
+                                                            lse[..., 2:], 0.5, CAUSAL)
     torch.testing.assert_close(dq[:, 2:], dq_rest)
     torch.testing.assert_close(dk, dk_rest)
     torch.testing.assert_close(dv, dv_rest)

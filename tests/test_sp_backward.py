@@ -196,6 +196,7 @@ def run_grad_case(api, case: GradCase, groups) -> dict:
         g_leaves = [t.detach().clone().requires_grad_() for t in (gq, gk, gv)]
         # float64, or FA's low-precision baseline: the dense attention computed in the case's dtype
         out, lse = dense_forward(*(t.to(compute) for t in g_leaves), SCALE, upcast=False, causal=case.causal)
+        lse = lse.transpose(1, 2)  # FA's [b, h, s] -> the SP layers' [b, s, h]
         loss = (out.double() * d_out.double()).sum()
         if with_lse:
             loss = loss + (lse.double() * d_lse.double()).sum()

@@ -98,14 +98,16 @@ for name, mine, ref in zip(("dq", "dk", "dv"), (dQ, dK, dV), expected):
 # `attn_ref.attention_backward` is the same computation, written to be read, with masks by position
 # and bounded memory; `kernels.attention_backward` is its Triton twin (FlashAttention-2's three
 # kernels: $D$, then $dK/dV$ over key blocks, then $dQ$ over query blocks), with the same signature.
-# Both take the saved `out` and `lse` (`[B, h, S]`, natural log) as the forward returns them:
+# Both take the saved `out` and `lse` (`[B, h, S]`, natural log) as the forward returns them, and
+# the forward's mask as one object, `attn_ref.AttentionMask(causal=..., window_size=...)`:
 
 # %%
 for causal in (False, True):
     expected = autograd_grads(q, k, v, dout, causal)
     out_c, lse_c = dense_attention(q, k, v, causal)
-    reference = attn_ref.attention_backward(dout, q, k, v, out_c, lse_c, scale, causal=causal)
-    kernel = kernels.attention_backward(*(x.float() for x in (dout, q, k, v, out_c, lse_c)), scale, causal=causal)
+    mask = attn_ref.AttentionMask(causal=causal)  # the forward's options, as one object
+    reference = attn_ref.attention_backward(dout, q, k, v, out_c, lse_c, scale, mask)
+    kernel = kernels.attention_backward(*(x.float() for x in (dout, q, k, v, out_c, lse_c)), scale, mask)
     for name, r, kn, e in zip(("dq", "dk", "dv"), reference, kernel, expected):
         torch.testing.assert_close(r, e)  # float64 in, float64 arithmetic
         torch.testing.assert_close(kn.double(), e, atol=1e-5, rtol=1e-5)  # fp32 kernels
@@ -227,7 +229,7 @@ def simulated_ring_backward(q, k, v, dout, out, lse, R, causal=True, block_dtype
                 continue  # invisible block: nothing to add, the accumulator is only passed on
             dq_s, dk_s, dv_s = attn_ref.attention_backward(
                 part(dout, r), part(q, r), part(k, s), part(v, s), part(out, r), lse[..., r * rows:(r + 1) * rows], scale,
-                causal=causal and s == r, grad_dtype=block_dtype,
+                attn_ref.AttentionMask(causal=causal and s == r), grad_dtype=block_dtype,
             )
             dq[r] += dq_s.float()
             accumulators[r][0].add_(dk_s.float()), accumulators[r][1].add_(dv_s.float())

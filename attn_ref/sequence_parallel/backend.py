@@ -86,7 +86,7 @@ class AttentionBackend:
         """
         check_backward_available(self.name, self.attention_backward)
         return self.attention_backward(
-            dout, q, k, v, out, lse.transpose(1, 2), softmax_scale, **mask.options(),
+            dout, q, k, v, out, lse.transpose(1, 2), softmax_scale, mask,
             dlse=None if dlse is None else dlse.transpose(1, 2), grad_dtype=torch.float32,
         )
 

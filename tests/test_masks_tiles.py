@@ -1,8 +1,9 @@
 """The key range of a tile of query rows (block skipping) against the visibility matrix.
 
-:func:`attn_ref.masks.tile_key_range` must give exactly the keys some row of the tile sees and exactly
-those every row sees, by :func:`attn_ref.masks.visible_keys`; the kernel's jit helpers of
-:mod:`kernels.masks` must give the same four numbers and the same matrix (run here in small kernels).
+:meth:`attn_ref.masks.AttentionMask.tile_key_range` must give exactly the keys some row of the tile
+sees and exactly those every row sees, by :meth:`attn_ref.masks.AttentionMask.visible_keys`; the
+kernel's jit helpers of :mod:`kernels.masks` must give the same four numbers and the same matrix (run
+here in small kernels, which take the mask as its argument group ``AttentionMask.kernel_args()``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_ref.masks import tile_key_range, visible_keys
+from attn_ref.masks import AttentionMask
 from kernels import masks as kernel_masks
 
 
@@ -33,6 +34,17 @@ def tiles(draw):
                 window_size=window, attention_chunk=chunk, key_start=key_start, key_end=key_end)
 
 
+def mask_of(case: dict) -> AttentionMask:
+    return AttentionMask(causal=case["causal"], window_size=case["window_size"],
+                         attention_chunk=case["attention_chunk"])
+
+
+def tile_key_range(case: dict) -> tuple[int, int, int, int]:
+    """The reference's ``(lo, hi, full_lo, full_hi)`` of the case's tile and key range."""
+    return mask_of(case).tile_key_range(case["row_start"], case["row_end"], case["seqlen_q"], case["seqlen_k"],
+                                        case["key_start"], case["key_end"])
+
+
 def as_range(lo: int, hi: int, seqlen_k: int) -> torch.Tensor:
     """(seqlen_k,) bool: ``lo <= j < hi`` (empty when ``hi <= lo``)."""
     j = torch.arange(seqlen_k)
@@ -42,9 +54,9 @@ def as_range(lo: int, hi: int, seqlen_k: int) -> torch.Tensor:
 @settings(max_examples=400, deadline=None)
 @given(tiles())
 def test_tile_key_range_is_the_union_and_the_intersection_of_the_rows_keys(case):
-    lo, hi, full_lo, full_hi = tile_key_range(**case)
-    visible = visible_keys(case["seqlen_q"], case["seqlen_k"], case["causal"], case["window_size"],
-                           case["attention_chunk"], row_start=case["row_start"], row_end=case["row_end"])
+    lo, hi, full_lo, full_hi = tile_key_range(case)
+    visible = mask_of(case).visible_keys(case["seqlen_q"], case["seqlen_k"], row_start=case["row_start"],
+                                         row_end=case["row_end"])
     in_split = as_range(case["key_start"], case["key_end"], case["seqlen_k"])
     assert lo <= hi  # an empty range may start past key_end: nothing is visited
     assert torch.equal(as_range(lo, hi, case["seqlen_k"]), visible.any(0) & in_split)
@@ -53,12 +65,14 @@ def test_tile_key_range_is_the_union_and_the_intersection_of_the_rows_keys(case)
 
 @triton.jit
 def _tile_key_range_of_cases(cases_ptr, out_ptr):
-    """One program per case: ``cases[c]`` holds the 9 arguments of the jit helper, ``out[c]`` its 4 results."""
+    """One program per case: ``cases[c]`` holds the arguments of the jit helper (the mask group's 3
+    values, then the 6 others), ``out[c]`` its 4 results."""
     c = tl.program_id(0)
     args = cases_ptr + c * 9
+    mask = (tl.load(args), tl.load(args + 1), tl.load(args + 2))
     lo, hi, full_lo, full_hi = kernel_masks.tile_key_range(
-        tl.load(args), tl.load(args + 1), tl.load(args + 2), tl.load(args + 3), tl.load(args + 4),
-        tl.load(args + 5), tl.load(args + 6), tl.load(args + 7), tl.load(args + 8))
+        mask, tl.load(args + 3), tl.load(args + 4), tl.load(args + 5), tl.load(args + 6), tl.load(args + 7),
+        tl.load(args + 8))
     tl.store(out_ptr + c * 4, lo)
     tl.store(out_ptr + c * 4 + 1, hi)
     tl.store(out_ptr + c * 4 + 2, full_lo)
@@ -69,22 +83,22 @@ def _tile_key_range_of_cases(cases_ptr, out_ptr):
 @given(st.lists(tiles(), min_size=1, max_size=40))
 def test_kernel_tile_key_range_agrees_with_the_reference(cases):
     # the kernel's runtime mask values: causal is window_right = 0, -1 an unbounded side, 0 no chunk
-    rows = [[c["row_start"], c["row_end"], c["seqlen_q"], c["seqlen_k"], c["key_start"], c["key_end"],
-             c["window_size"][0], 0 if c["causal"] else c["window_size"][1], c["attention_chunk"]] for c in cases]
+    rows = [[*mask_of(c).kernel_args(), c["row_start"], c["row_end"], c["seqlen_q"], c["seqlen_k"],
+             c["key_start"], c["key_end"]] for c in cases]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args = torch.tensor(rows, dtype=torch.int32, device=device)
     out = torch.empty(len(cases), 4, dtype=torch.int32, device=device)
     _tile_key_range_of_cases[(len(cases),)](args, out)
-    expected = [list(tile_key_range(**c)) for c in cases]
+    expected = [list(tile_key_range(c)) for c in cases]
     assert out.tolist() == expected
 
 
 @triton.jit
-def _visible_keys_of_tile(out_ptr, seqlen_q, seqlen_k, window_left, window_right, chunk,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``out`` (BLOCK_M, BLOCK_N) int8: the kernel's mask test for rows ``0..BLOCK_M-1``, keys ``0..BLOCK_N-1``."""
+def _visible_keys_of_tile(out_ptr, seqlen_q, seqlen_k, mask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``out`` (BLOCK_M, BLOCK_N) int8: the kernel's mask test for rows ``0..BLOCK_M-1``, keys
+    ``0..BLOCK_N-1``; ``mask`` is the group ``(window_left, window_right, chunk)``."""
     rows, keys = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
-    visible = kernel_masks.visible_keys(keys, rows + seqlen_k - seqlen_q, window_left, window_right, chunk)
+    visible = kernel_masks.visible_keys(mask, keys, rows + seqlen_k - seqlen_q)
     tl.store(out_ptr + rows[:, None] * BLOCK_N + keys[None, :], visible.to(tl.int8))
 
 
@@ -92,9 +106,8 @@ def _visible_keys_of_tile(out_ptr, seqlen_q, seqlen_k, window_left, window_right
 @given(tiles())
 def test_kernel_visible_keys_is_the_reference_matrix(case):
     sq, sk = case["seqlen_q"], case["seqlen_k"]
-    window_left, window_right = case["window_size"][0], 0 if case["causal"] else case["window_size"][1]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = torch.empty(32, 64, dtype=torch.int8, device=device)  # covers seqlen_q <= 24, seqlen_k <= 40
-    _visible_keys_of_tile[(1,)](out, sq, sk, window_left, window_right, case["attention_chunk"], BLOCK_M=32, BLOCK_N=64)
-    expected = visible_keys(sq, sk, case["causal"], case["window_size"], case["attention_chunk"])
+    _visible_keys_of_tile[(1,)](out, sq, sk, mask_of(case).kernel_args(), BLOCK_M=32, BLOCK_N=64)
+    expected = mask_of(case).visible_keys(sq, sk)
     assert torch.equal(out[:sq, :sk].bool().cpu(), expected)

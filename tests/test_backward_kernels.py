@@ -123,9 +123,10 @@ def _compile_launches(dtype, d, softcap, gqa, with_dlse):
     dlse = torch.empty(b, sq, h) if with_dlse else None
     return [
         plan_preprocess(out, out, dlse, stats),
-        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1, CAUSAL,
-                  softcap=30.0 if softcap else 0.0),
-        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, CAUSAL, softcap=30.0 if softcap else 0.0),
+        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1,
+                  CAUSAL, softcap=30.0 if softcap else 0.0),
+        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, CAUSAL,
+                softcap=30.0 if softcap else 0.0),
     ]
 
 

@@ -2,8 +2,8 @@
 
 :meth:`attn_ref.masks.AttentionMask.tile_key_range` must give exactly the keys some row of the tile
 sees and exactly those every row sees, by :meth:`attn_ref.masks.AttentionMask.visible_keys`; the
-kernel's jit helpers of :mod:`kernels.masks` must give the same four numbers and the same matrix (run
-here in small kernels, which take the mask as its argument group ``AttentionMask.kernel_args()``).
+kernel's jit helpers of :mod:`kernels.masks` must give the same four numbers and the same matrix
+(run here in small kernels, which take the mask as its argument group, ``mask.kernel_args()``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def mask_of(case: dict) -> AttentionMask:
 
 def tile_key_range(case: dict) -> tuple[int, int, int, int]:
     """The reference's ``(lo, hi, full_lo, full_hi)`` of the case's tile and key range."""
-    return mask_of(case).tile_key_range(case["row_start"], case["row_end"], case["seqlen_q"], case["seqlen_k"],
-                                        case["key_start"], case["key_end"])
+    return mask_of(case).tile_key_range(case["row_start"], case["row_end"], case["seqlen_q"],
+                                        case["seqlen_k"], case["key_start"], case["key_end"])
 
 
 def as_range(lo: int, hi: int, seqlen_k: int) -> torch.Tensor:
@@ -55,8 +55,8 @@ def as_range(lo: int, hi: int, seqlen_k: int) -> torch.Tensor:
 @given(tiles())
 def test_tile_key_range_is_the_union_and_the_intersection_of_the_rows_keys(case):
     lo, hi, full_lo, full_hi = tile_key_range(case)
-    visible = mask_of(case).visible_keys(case["seqlen_q"], case["seqlen_k"], row_start=case["row_start"],
-                                         row_end=case["row_end"])
+    visible = mask_of(case).visible_keys(case["seqlen_q"], case["seqlen_k"],
+                                         row_start=case["row_start"], row_end=case["row_end"])
     in_split = as_range(case["key_start"], case["key_end"], case["seqlen_k"])
     assert lo <= hi  # an empty range may start past key_end: nothing is visited
     assert torch.equal(as_range(lo, hi, case["seqlen_k"]), visible.any(0) & in_split)
@@ -71,8 +71,8 @@ def _tile_key_range_of_cases(cases_ptr, out_ptr):
     args = cases_ptr + c * 9
     mask = (tl.load(args), tl.load(args + 1), tl.load(args + 2))
     lo, hi, full_lo, full_hi = kernel_masks.tile_key_range(
-        mask, tl.load(args + 3), tl.load(args + 4), tl.load(args + 5), tl.load(args + 6), tl.load(args + 7),
-        tl.load(args + 8))
+        mask, tl.load(args + 3), tl.load(args + 4), tl.load(args + 5), tl.load(args + 6),
+        tl.load(args + 7), tl.load(args + 8))
     tl.store(out_ptr + c * 4, lo)
     tl.store(out_ptr + c * 4 + 1, hi)
     tl.store(out_ptr + c * 4 + 2, full_lo)
@@ -94,7 +94,8 @@ def test_kernel_tile_key_range_agrees_with_the_reference(cases):
 
 
 @triton.jit
-def _visible_keys_of_tile(out_ptr, seqlen_q, seqlen_k, mask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _visible_keys_of_tile(out_ptr, seqlen_q, seqlen_k, mask, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
     """``out`` (BLOCK_M, BLOCK_N) int8: the kernel's mask test for rows ``0..BLOCK_M-1``, keys
     ``0..BLOCK_N-1``; ``mask`` is the group ``(window_left, window_right, chunk)``."""
     rows, keys = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)

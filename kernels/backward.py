@@ -158,8 +158,8 @@ def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
     return {f"{name}_ptr": x, f"stride_{prefix}": strides}
 
 
-# The strides are groups (batch, row, head) that Triton specialises, as it did them before; the
-# lengths and the mask (kernels.masks.MASK_PARAMS) stay single parameters, unspecialised.
+# Strides come as (batch, row, head) groups, which Triton specialises (as it did them before); the
+# lengths and the mask (kernels.masks.MASK_PARAMS) stay parameters of their own, unspecialised.
 @triton.jit(do_not_specialize=["seqlen_q"])
 def _preprocess_kernel(
     out_ptr, stride_o,  # [b, s_q, h, d_v]

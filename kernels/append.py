@@ -65,8 +65,8 @@ def plan_append_kv(call: KVCacheCall) -> Launch | None:
                   dummy_device=kc.device)
 
 
-# No integer specialisation for the new tokens' strides and the small tables (see kernels.attention):
-# they stay parameters of their own; the groups hold pointers and the cache strides.
+# No integer specialisation for the new tokens' strides and the small tables (see
+# kernels.attention): they stay parameters of their own; the groups hold pointers and cache strides.
 @triton.jit(do_not_specialize=["stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
                                "stride_table", "page_size", "stride_rotary", "rotary_dim"])
 def _append_kv_entry_kernel(
@@ -76,9 +76,9 @@ def _append_kv_entry_kernel(
     v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
     page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
     rotary_tables,  # (cos_ptr, sin_ptr): (seqlen_rotary, rotary_dim / 2) each (ROTARY only)
-    batch_table,  # attn_ref.call.BatchTable, (b,) int32 per entry i: new_lens N_i, new_starts (first
-    #               row in packed k/v, 0 when batched), cache_rows, cache_seqlens C_i (where the new
-    #               tokens start), rotary_starts P0_i
+    batch_table,  # attn_ref.call.BatchTable, (b,) int32 per entry i: new_lens N_i, new_starts
+    #               (first row in packed k/v, 0 when batched), cache_rows, cache_seqlens C_i (where
+    #               the new tokens start), rotary_starts P0_i
     stride_kb, stride_kt, stride_kh,  # k strides (stride_kb = 0 when packed)
     stride_vb, stride_vt, stride_vh,
     stride_kc, stride_vc,  # (major, minor, head): strides 0, 1, 2 of k_cache, v_cache
@@ -98,7 +98,7 @@ def _append_kv_entry_kernel(
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,) new-token index t
     token_ok = offs_t < n_new  # (BLOCK_T,)
     if pid_t * BLOCK_T < n_new:
-        new_row = (tl.load(batch_table.new_starts + batch) + offs_t).to(tl.int64)  # (BLOCK_T,) row in k/v
+        new_row = (tl.load(batch_table.new_starts + batch) + offs_t).to(tl.int64)  # (BLOCK_T,) k/v
         cache_row = tl.load(batch_table.cache_rows + batch)
         positions = tl.load(batch_table.cache_seqlens + batch) + offs_t  # (BLOCK_T,) C_i + t
         slots = cache_slots(positions, token_ok, cache_row, page_table_ptr, stride_table,
@@ -111,9 +111,10 @@ def _append_kv_entry_kernel(
         offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
         k_mask = token_ok[:, None] & (offs_d[None, :] < D)  # (BLOCK_T, BLOCK_D)
         k_rows = k_ptr + batch64 * stride_kb + new_row[:, None] * stride_kt + head64 * stride_kh  # (BLOCK_T, 1)
-        k_dst = k_cache_ptr + slots[:, None] + head64 * stride_kc[2] + offs_d[None, :]  # (BLOCK_T, BLOCK_D)
+        # (BLOCK_T, BLOCK_D)
+        k_dst = k_cache_ptr + slots[:, None] + head64 * stride_kc[2] + offs_d[None, :]
         if ROTARY:
-            ro_positions = tl.load(batch_table.rotary_starts + batch) + offs_t  # (BLOCK_T,) P0_i + t
+            ro_positions = tl.load(batch_table.rotary_starts + batch) + offs_t  # (BLOCK_T,) P0 + t
             cos_ptr, sin_ptr = rotary_tables
             k_new = apply_rotary(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
                                  rotary_dim, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
@@ -125,5 +126,6 @@ def _append_kv_entry_kernel(
         offs_dv = tl.arange(0, BLOCK_DV)  # (BLOCK_DV,)
         v_mask = token_ok[:, None] & (offs_dv[None, :] < DV)  # (BLOCK_T, BLOCK_DV)
         v_src = v_ptr + batch64 * stride_vb + new_row[:, None] * stride_vt + head64 * stride_vh + offs_dv[None, :]
-        v_dst = v_cache_ptr + v_slots[:, None] + head64 * stride_vc[2] + offs_dv[None, :]  # (BLOCK_T, BLOCK_DV)
+        # (BLOCK_T, BLOCK_DV)
+        v_dst = v_cache_ptr + v_slots[:, None] + head64 * stride_vc[2] + offs_dv[None, :]
         tl.store(v_dst, tl.load(v_src, mask=v_mask), mask=v_mask)

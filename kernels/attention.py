@@ -105,9 +105,11 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
     rotary = call.rotary_dim > 0 and not call.only_qv
     args = dict(
         q_ptr=q, qv_ptr=qv, k_cache_ptr=kc, v_cache_ptr=vc,
-        stride_kc=tuple(kc.stride()[:3]), stride_vc=tuple(vc.stride()[:3]), page_table_ptr=call.page_table,
+        stride_kc=tuple(kc.stride()[:3]), stride_vc=tuple(vc.stride()[:3]),
+        page_table_ptr=call.page_table,
         rotary_tables=(call.rotary_cos, call.rotary_sin) if rotary else (None, None),
-        sinks_ptr=call.sinks, descales=tuple(descales), batch_table=call.batch, out_ptr=out, lse_ptr=lse,
+        sinks_ptr=call.sinks, descales=tuple(descales), batch_table=call.batch,
+        out_ptr=out, lse_ptr=lse,
         **_row_strides("stride_q", q, packed), **_row_strides("stride_qv", qv, packed),
         stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
         stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
@@ -237,7 +239,8 @@ def _split_states_kernel(
         heads = (kv_head * G + offs_m % G).to(tl.int64)  # (BLOCK_M,) query head
         row_ok = (offs_m < ROWS * G) & (rows < seqlen_q)  # (BLOCK_M,)
         token = (token0 + rows).to(tl.int64)  # (BLOCK_M,) row in the q / out tensors
-        offs_d, offs_dv = tl.arange(0, TILE.BLOCK_D), tl.arange(0, TILE.BLOCK_DV)  # (BLOCK_D,), (BLOCK_DV,)
+        # (BLOCK_D,), (BLOCK_DV,)
+        offs_d, offs_dv = tl.arange(0, TILE.BLOCK_D), tl.arange(0, TILE.BLOCK_DV)
         d_ok = _lanes_below(offs_d, HEADS.D, TILE.BLOCK_D)  # (BLOCK_D,) bool
         dv_ok = _lanes_below(offs_dv, HEADS.DV, TILE.BLOCK_DV)  # (BLOCK_DV,) bool
         cos_ptr, sin_ptr = rotary_tables
@@ -246,17 +249,18 @@ def _split_states_kernel(
             qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt + heads[:, None] * stride_qvh,
             rows, row_ok, offs_d, offs_dv, d_ok, dv_ok,
             batch_table.rotary_starts + batch, cos_ptr, sin_ptr, stride_rotary, rotary_dim,
-            BLOCK_M, TILE.BLOCK_D, TILE.BLOCK_DV, FEATURES.HAS_QV, FEATURES.ONLY_QV, FEATURES.ROTARY,
-            FEATURES.INTERLEAVED, FEATURES.ROTARY_FIXED, COMPUTE_DTYPE, Q_PARTS)
+            BLOCK_M, TILE.BLOCK_D, TILE.BLOCK_DV, FEATURES.HAS_QV, FEATURES.ONLY_QV,
+            FEATURES.ROTARY, FEATURES.INTERLEAVED, FEATURES.ROTARY_FIXED, COMPUTE_DTYPE, Q_PARTS)
         descale_at = batch64 * stride_descale + kv_head
         q_descale_ptr, k_descale_ptr, v_descale_ptr = descales
-        scale, v_scale = _dequantize(softmax_scale, q_descale_ptr + descale_at, k_descale_ptr + descale_at,
-                                     v_descale_ptr + descale_at, FEATURES.HAS_DESCALE)
+        scale, v_scale = _dequantize(softmax_scale, q_descale_ptr + descale_at,
+                                     k_descale_ptr + descale_at, v_descale_ptr + descale_at,
+                                     FEATURES.HAS_DESCALE)
         k0, k1 = split_bounds(seqlen_k, split, num_splits)
         # this sequence's KV cache at this KV head (kernels.paged: contiguous rows or pages)
-        cache = (k_cache_ptr + kv_head64 * stride_kc[2], v_cache_ptr + kv_head64 * stride_vc[2], stride_kc,
-                 stride_vc, page_table_ptr, stride_table, page_size, tl.load(batch_table.cache_rows + batch),
-                 tl.load(batch_table.leftpads + batch))
+        cache = (k_cache_ptr + kv_head64 * stride_kc[2], v_cache_ptr + kv_head64 * stride_vc[2],
+                 stride_kc, stride_vc, page_table_ptr, stride_table, page_size,
+                 tl.load(batch_table.cache_rows + batch), tl.load(batch_table.leftpads + batch))
         out, lse = _attention_with_lse(
             (q, q_mid, q_lo, qv), rows, pid_m * ROWS, tl.minimum(pid_m * ROWS + ROWS, seqlen_q),
             seqlen_q, seqlen_k, k0, k1, (window_left, window_right, chunk), scale, softcap,
@@ -330,7 +334,7 @@ def _dequantize(softmax_scale, q_descale_ptr, k_descale_ptr, v_descale_ptr, HAS_
 
 @triton.jit
 def _attention_with_lse(
-    q_parts,  # (q, q_mid, q_lo, qv): (BLOCK_M, BLOCK_D) x 3, q = q + q_mid + q_lo, and (BLOCK_M, BLOCK_DV)
+    q_parts,  # (q, q_mid, q_lo, qv): the q parts, q = q + q_mid + q_lo, and qv (_attend_key_blocks)
     rows,  # (BLOCK_M,) int32: query row i of each tile entry
     row_start, row_end,  # the tile's rows [row_start, row_end)
     seqlen_q, seqlen_k, k0, k1,  # the sequence's lengths; this split's keys [k0, k1)
@@ -365,8 +369,8 @@ def _attention_with_lse(
         else:
             start, end = unmasked_end, hi
         acc, m_i, l_i = _attend_key_blocks(
-            acc, m_i, l_i, q_parts, start, end, diag, k1, mask, softmax_scale, softcap, cache, channels,
-            BLOCK_N, FEATURES.PAGED, FEATURES.HAS_QV, FEATURES.ONLY_QV, FEATURES.SOFTCAP,
+            acc, m_i, l_i, q_parts, start, end, diag, k1, mask, softmax_scale, softcap, cache,
+            channels, BLOCK_N, FEATURES.PAGED, FEATURES.HAS_QV, FEATURES.ONLY_QV, FEATURES.SOFTCAP,
             COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS, MASKED=phase != 1,
         )
     return _softmax_state(acc, m_i, l_i, sink_ptrs, row_ok, add_sink, v_scale)
@@ -375,15 +379,15 @@ def _attention_with_lse(
 @triton.jit
 def _attend_key_blocks(
     acc, m_i, l_i,  # (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32: running state
-    q_parts,  # (q, q_mid, q_lo, qv): the q parts (BLOCK_M, BLOCK_D) and qv (BLOCK_M, BLOCK_DV) in COMPUTE_DTYPE
+    q_parts,  # (q, q_mid, q_lo, qv): the q parts (BLOCK_M, BLOCK_D), qv (BLOCK_M, BLOCK_DV)
     start, end,  # key range [start, end) to visit, in BLOCK_N steps
     diag,  # (BLOCK_M,) int32: i + s_k - s_q, the bottom-right diagonal of each row
     k1,  # int32: end of this split's keys
     mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
     softmax_scale, softcap,  # fp32
-    cache,  # (k_cache_ptr, v_cache_ptr, stride_kc, stride_vc, page_table_ptr, stride_table, page_size,
-    #         cache_row, leftpad): the caches at this KV head (+ h·stride_h already added), their
-    #         (major, minor, head) strides and the sequence's row, pages and left padding (kernels.paged)
+    cache,  # (k_cache_ptr, v_cache_ptr, stride_kc, stride_vc, page_table_ptr, stride_table,
+    #         page_size, cache_row, leftpad): the caches at this KV head (+ h·stride_h added),
+    #         their (major, minor, head) strides, the sequence's row, pages and left padding
     channels,  # (offs_d, offs_dv, d_ok, dv_ok): (BLOCK_D,), (BLOCK_DV,) channel indices and masks
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
@@ -393,8 +397,8 @@ def _attend_key_blocks(
 ):
     """Online softmax over the key blocks of ``[start, end)``; returns the updated ``(acc, m_i, l_i)``."""
     q, q_mid, q_lo, qv = q_parts
-    (k_cache_ptr, v_cache_ptr, stride_kc, stride_vc, page_table_ptr, stride_table, page_size, cache_row,
-     leftpad) = cache
+    (k_cache_ptr, v_cache_ptr, stride_kc, stride_vc, page_table_ptr, stride_table, page_size,
+     cache_row, leftpad) = cache
     offs_d, offs_dv, d_ok, dv_ok = channels
     for block_start in range(start, end, BLOCK_N):
         offs_n = block_start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices j

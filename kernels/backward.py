@@ -110,8 +110,8 @@ def plan_preprocess(out, dout, dlse, delta) -> Launch:
 
 def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, mask=NO_MASK, softcap=0.0) -> Launch:
     """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch, KV head)."""
-    inputs, sizes, mask_group, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask,
-                                                    softcap)
+    inputs, sizes, mask_group, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale,
+                                                    mask, softcap)
     args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes, nheads_k=k.shape[2],
                 **mask_group)
     grid = (triton.cdiv(k.shape[1], constexprs["TILE"].BLOCK_N), k.shape[0] * k.shape[2])
@@ -120,14 +120,14 @@ def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, mask=NO_MASK
 
 def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, mask=NO_MASK, softcap=0.0) -> Launch:
     """``dq`` (fp32, shape of q) over query blocks of ``BLOCK_M``, one program per (batch, head)."""
-    inputs, sizes, mask_group, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask,
-                                                    softcap)
+    inputs, sizes, mask_group, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale,
+                                                    mask, softcap)
     args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2], **mask_group)
     grid = (triton.cdiv(q.shape[1], constexprs["TILE"].BLOCK_M), q.shape[0] * q.shape[2])
     return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
 
 
-def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask, softcap) -> tuple[dict, dict, dict, dict]:
+def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask, softcap) -> tuple[dict, ...]:
     """``(inputs, sizes, mask_group, constexprs)``: the arguments the dK/dV and dQ kernels share, in
     their order; ``mask``: the forward's :class:`~attn_ref.masks.AttentionMask`."""
     d, dv = q.shape[-1], v.shape[-1]
@@ -151,13 +151,14 @@ def _blocks(head_dim: int) -> tuple[int, int]:
 
 
 def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
-    """``<name>_ptr`` and ``stride_<prefix> = (batch, row, head)`` of a ``[b, S, h, ...]`` tensor, as
-    the kernels take them (strides 0 for None, a tensor the kernel does not read)."""
-    return {f"{name}_ptr": x, f"stride_{prefix}": tuple(x.stride()[:3]) if x is not None else (0, 0, 0)}
+    """``<name>_ptr`` and ``stride_<prefix> = (batch, row, head)`` of a ``[b, S, h, ...]`` tensor,
+    as the kernels take them (strides 0 for None, a tensor the kernel does not read)."""
+    strides = tuple(x.stride()[:3]) if x is not None else (0, 0, 0)
+    return {f"{name}_ptr": x, f"stride_{prefix}": strides}
 
 
-# The strides are groups (batch, row, head) that Triton specialises like the cache strides of the
-# forward; the lengths and the mask (kernels.masks.MASK_PARAMS) stay single parameters, unspecialised.
+# Strides come as (batch, row, head) groups, which Triton specialises (as it did them before); the
+# lengths and the mask (kernels.masks.MASK_PARAMS) stay parameters of their own, unspecialised.
 @triton.jit(do_not_specialize=["seqlen_q"])
 def _preprocess_kernel(
     out_ptr, stride_o,  # [b, s_q, h, d_v]
@@ -178,7 +179,8 @@ def _preprocess_kernel(
     delta = tl.sum(o * do, axis=1)  # (BLOCK_M,) D_i = dO_i · out_i
     row_mask = offs_m < seqlen_q
     if HAS_DLSE:
-        delta -= tl.load(_at(dlse_ptr, stride_l, b, h) + offs_m * stride_l[1], mask=row_mask, other=0.0)
+        dlse_ptrs = _at(dlse_ptr, stride_l, b, h) + offs_m * stride_l[1]  # (BLOCK_M,)
+        delta -= tl.load(dlse_ptrs, mask=row_mask, other=0.0)
     tl.store(delta_ptr + pid_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=row_mask)
 
 
@@ -212,11 +214,12 @@ def _dkdv_kernel(
     n_end = tl.minimum(pid_n * BLOCK_N + BLOCK_N, seqlen_k)  # one past this program's last key
     for g in range(GROUP):  # the query heads of this KV head (GQA): dK/dV sum over them
         q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
-            q_ptr, stride_q, k_ptr, stride_k, v_ptr, stride_v, dout_ptr, stride_do, lse_ptr, delta_ptr,
-            b, hk * GROUP + g, nheads_k * GROUP, seqlen_q, GROUP)
+            q_ptr, stride_q, k_ptr, stride_k, v_ptr, stride_v, dout_ptr, stride_do, lse_ptr,
+            delta_ptr, b, hk * GROUP + g, nheads_k * GROUP, seqlen_q, GROUP)
         # the same k, v tiles for every g: one load per query head, beside the s_q / BLOCK_M q tiles it streams
-        k = _load_rows(k_head, offs_n, seqlen_k, stride_k[1], D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
-        v = _load_rows(v_head, offs_n, seqlen_k, stride_v[1], DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
+        # (BLOCK_N, BLOCK_D), (BLOCK_N, BLOCK_DV)
+        k = _load_rows(k_head, offs_n, seqlen_k, stride_k[1], D, BLOCK_D, DTYPE)
+        v = _load_rows(v_head, offs_n, seqlen_k, stride_v[1], DV, BLOCK_DV, DTYPE)
         for m0 in range(0, seqlen_q, BLOCK_M):
             # the keys some row of this query block sees, among this program's: none, skip the block
             lo, hi, _, _ = tile_key_range(mask, m0, tl.minimum(m0 + BLOCK_M, seqlen_q), seqlen_q,
@@ -232,8 +235,8 @@ def _dkdv_kernel(
                 dv += tl.dot(tl.trans(p.to(DTYPE)), do, input_precision=PRECISION)  # dV = Pᵀ dO
                 ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
                 dk += tl.dot(tl.trans(ds.to(DTYPE)), q, input_precision=PRECISION)  # dK = dSᵀ Q (· scale)
-    _store_rows(_at(dk_ptr, stride_dk, b, hk), dk * softmax_scale, offs_n, seqlen_k, stride_dk[1], D,
-                BLOCK_D)
+    _store_rows(_at(dk_ptr, stride_dk, b, hk), dk * softmax_scale, offs_n, seqlen_k, stride_dk[1],
+                D, BLOCK_D)
     _store_rows(_at(dv_ptr, stride_dv, b, hk), dv, offs_n, seqlen_k, stride_dv[1], DV, BLOCK_DV)
 
 
@@ -264,8 +267,9 @@ def _dq_kernel(
         q_ptr, stride_q, k_ptr, stride_k, v_ptr, stride_v, dout_ptr, stride_do, lse_ptr, delta_ptr,
         b, h, nheads, seqlen_q, GROUP)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
-    q = _load_rows(q_head, offs_m, seqlen_q, stride_q[1], D, BLOCK_D, DTYPE)  # (BLOCK_M, BLOCK_D)
-    do = _load_rows(do_head, offs_m, seqlen_q, stride_do[1], DV, BLOCK_DV, DTYPE)  # (BLOCK_M, BLOCK_DV)
+    # (BLOCK_M, BLOCK_D), (BLOCK_M, BLOCK_DV)
+    q = _load_rows(q_head, offs_m, seqlen_q, stride_q[1], D, BLOCK_D, DTYPE)
+    do = _load_rows(do_head, offs_m, seqlen_q, stride_do[1], DV, BLOCK_DV, DTYPE)
     lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # the keys some row of this block sees, [lo, hi), visited in whole blocks of BLOCK_N
@@ -273,8 +277,9 @@ def _dq_kernel(
                                   seqlen_q, seqlen_k, 0, seqlen_k)
     for n0 in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
-        k = _load_rows(k_head, offs_n, seqlen_k, stride_k[1], D, BLOCK_D, DTYPE)  # (BLOCK_N, BLOCK_D)
-        v = _load_rows(v_head, offs_n, seqlen_k, stride_v[1], DV, BLOCK_DV, DTYPE)  # (BLOCK_N, BLOCK_DV)
+        # (BLOCK_N, BLOCK_D), (BLOCK_N, BLOCK_DV)
+        k = _load_rows(k_head, offs_n, seqlen_k, stride_k[1], D, BLOCK_D, DTYPE)
+        v = _load_rows(v_head, offs_n, seqlen_k, stride_v[1], DV, BLOCK_DV, DTYPE)
         p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
                                          mask, SOFTCAP, PRECISION)
         ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
@@ -285,7 +290,7 @@ def _dq_kernel(
 
 @triton.jit
 def _head_pointers(
-    q_ptr, stride_q, k_ptr, stride_k,  # [b, s_q, h, d], [b, s_k, h_k, d]; strides (batch, row, head)
+    q_ptr, stride_q, k_ptr, stride_k,  # [b, s_q, h, d], [b, s_k, h_k, d]; (batch, row, head)
     v_ptr, stride_v, dout_ptr, stride_do,  # [b, s_k, h_k, d_v], [b, s_q, h, d_v]
     lse_ptr, delta_ptr,  # [b, h, s_q] fp32
     b, h, nheads, seqlen_q, GROUP: tl.constexpr,

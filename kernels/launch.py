@@ -52,7 +52,10 @@ class Launch:
     Triton specialises every int inside a tuple argument (divisibility by 16, ``== 1``) whatever
     ``do_not_specialize`` says (3.6 and 3.9: that list only reaches whole parameters), so a group
     holds only values the kernel lets Triton specialise; an unspecialised value stays a parameter
-    of its own.
+    of its own. A kernel reads a compile-time group's fields as ``TILE.BLOCK_M``; Triton 3.6 hands
+    such a field over as a plain Python value, which ``tl.zeros`` rejects as a shape and a jit call
+    rejects when it is a string, so there the kernel names it first (``BLOCK_M: tl.constexpr =
+    TILE.BLOCK_M``).
     """
 
     kernel: Any
@@ -72,7 +75,7 @@ class Launch:
     def run(self) -> None:
         if min(self.grid) == 0:
             return
-        require_backend(leaves(self.args.values()), INTERPRETING)
+        require_backend(_leaves(self.args.values()), INTERPRETING)
         self.kernel[self.grid](
             **self.runtime_args(), **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
         )
@@ -89,17 +92,17 @@ class Tile(NamedTuple):
     BLOCK_DV: int
 
 
-def leaves(values: Iterable) -> Iterator:
-    """The values of ``values`` with every argument group (tuple) replaced by its elements, recursively."""
+def _leaves(values: Iterable) -> Iterator:
+    """``values`` with every argument group (tuple) replaced by its elements, recursively."""
     for value in values:
         if isinstance(value, tuple):
-            yield from leaves(value)
+            yield from _leaves(value)
         else:
             yield value
 
 
 def _filled(value, dummy):
-    """``value`` with ``dummy`` for ``None``, inside argument groups too (a NamedTuple keeps its type)."""
+    """``value`` with ``dummy`` for ``None``, also inside argument groups (NamedTuples kept)."""
     if value is None:
         return dummy
     if isinstance(value, tuple):

@@ -23,7 +23,7 @@ MASK_PARAMS = ("window_left", "window_right", "chunk")
 
 
 def mask_args(mask) -> dict[str, int]:
-    """The launch arguments of an :class:`attn_ref.masks.AttentionMask`: :data:`MASK_PARAMS` -> values."""
+    """The launch arguments of a :class:`attn_ref.masks.AttentionMask`: MASK_PARAMS -> values."""
     return dict(zip(MASK_PARAMS, mask.kernel_args()))
 
 

@@ -28,7 +28,8 @@ def launch_signature(launch) -> tuple[dict, dict, dict]:
         if name in launch.constexprs:
             signature[name] = "constexpr"
         else:
-            signature[name] = _argument_type(args[name], (index,), name not in unspecialised, constexprs, attrs)
+            specialise = name not in unspecialised
+            signature[name] = _argument_type(args[name], (index,), specialise, constexprs, attrs)
     return signature, constexprs, attrs
 
 
@@ -36,7 +37,8 @@ def _argument_type(value, path: tuple, specialise: bool, constexprs: dict, attrs
     """The signature type of the runtime argument ``value`` at ``path``; records its divisibility in
     ``attrs`` and, for a specialised int 1, its value in ``constexprs``."""
     if isinstance(value, tuple):
-        types = [_argument_type(x, (*path, i), True, constexprs, attrs) for i, x in enumerate(value)]
+        types = [_argument_type(x, (*path, i), True, constexprs, attrs)
+                 for i, x in enumerate(value)]
         return type(value)(*types) if hasattr(value, "_fields") else tuple(types)
     if isinstance(value, torch.Tensor):
         if value.data_ptr() % 16 == 0:

@@ -91,11 +91,11 @@ def test_kernel_tile_key_range_agrees_with_the_reference(cases):
 
 
 @triton.jit
-def _visible_keys_of_tile(out_ptr, seqlen_q, seqlen_k, window_left, window_right, chunk,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``out`` (BLOCK_M, BLOCK_N) int8: the kernel's mask test for rows ``0..BLOCK_M-1``, keys ``0..BLOCK_N-1``."""
+def _visible_keys_of_tile(out_ptr, seqlen_q, seqlen_k, mask, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+    """``out`` (BLOCK_M, BLOCK_N) int8: the kernel's mask test for rows ``0..BLOCK_M-1``, keys
+    ``0..BLOCK_N-1``; ``mask`` is the group ``(window_left, window_right, chunk)``."""
     rows, keys = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
-    mask = (window_left, window_right, chunk)
     visible = kernel_masks.visible_keys(mask, keys, rows + seqlen_k - seqlen_q)
     tl.store(out_ptr + rows[:, None] * BLOCK_N + keys[None, :], visible.to(tl.int8))
 
@@ -106,6 +106,6 @@ def test_kernel_visible_keys_is_the_reference_matrix(case):
     sq, sk = case["seqlen_q"], case["seqlen_k"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = torch.empty(32, 64, dtype=torch.int8, device=device)  # covers seqlen_q <= 24, seqlen_k <= 40
-    _visible_keys_of_tile[(1,)](out, sq, sk, *case["mask"].kernel_args(), BLOCK_M=32, BLOCK_N=64)
+    _visible_keys_of_tile[(1,)](out, sq, sk, case["mask"].kernel_args(), BLOCK_M=32, BLOCK_N=64)
     expected = case["mask"].visible_keys(sq, sk)
     assert torch.equal(out[:sq, :sk].bool().cpu(), expected)

@@ -1,7 +1,6 @@
 # Two entry points (see README): `make serve` builds and serves the docs site, `make test` runs the
-# test suite on CPU (Triton kernels through the interpreter). Both create/refresh .venv as needed.
-# `make lint` runs ruff (configured in pyproject.toml); the tree is not yet formatted, so `make test`
-# does not run it yet.
+# linter and formatter check (`make lint`: ruff, configured in pyproject.toml), then the test suite
+# on CPU (Triton kernels through the interpreter). Both create/refresh .venv as needed.
 # The exact versions below are the ones that work on the project's CPU machines; pyproject.toml keeps
 # ranges for users who bring their own (CUDA) torch.
 
@@ -40,12 +39,12 @@ browser:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 		--no-install-recommends chromium >/dev/null; }
 
-# The linter and the formatter (configured in pyproject.toml).
+# The linter and the formatter (configured in pyproject.toml) run before the tests: fail fast.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: $(STAMP) browser
+test: $(STAMP) lint browser
 	TRITON_INTERPRET=1 $(PY) -m pytest -q
 
 clean:

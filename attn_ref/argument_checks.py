@@ -5,8 +5,8 @@ raises one catalogued error, with the argument's name in its message. ``_require
 tensor's type, rank, shape, dtype and device, or the range of index values; the others read an
 option's value as FA3 does: ints in int64 range (:func:`_int64`, :func:`_require_int`), bools
 (:func:`_flag`), reals used in float32 (:func:`_require_real`, :func:`_require_float32_finite`,
-:func:`_float32`), the window and chunk of the masks (:func:`_window_pair`, :func:`_chunk_size`),
-and sglang's default ``softmax_scale`` (:func:`_default_scale`).
+:func:`_float32`), and sglang's default ``softmax_scale`` (:func:`_default_scale`). The mask
+options are read by :class:`attn_ref.masks.AttentionMask`.
 """
 
 from __future__ import annotations
@@ -66,11 +66,14 @@ def _require_device(name: str, x: torch.Tensor, device: torch.device) -> None:
         raise ValueError(f"{name} must be on the same device as q ({device}), got {x.device}")
 
 
-def _require_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str, read_values: bool) -> None:
+def _require_cu_seqlens(
+    name: str, cu: torch.Tensor, total: int, total_name: str, read_values: bool
+) -> None:
     """Check an int32 ``(b + 1,)`` offsets tensor: starts at 0, never decreases, ends at ``total``.
 
     The values are read (a value check, run here because they define the batch structure) only if
-    ``read_values``, or if there are fewer than two entries (a call that fails: at most one value)."""
+    ``read_values``, or if there are fewer than two entries (a call that fails: at most one
+    value)."""
     _require_dtype(name, cu, torch.int32)
     _require_ndim(name, cu, 1, "(batch + 1,) offsets")
     if not read_values and cu.shape[0] >= 2:
@@ -121,41 +124,17 @@ def _int64(x) -> Optional[int]:
     return value if -INT64_MAX - 1 <= value <= INT64_MAX else None
 
 
-def _window_pair(window_size) -> tuple[int, int]:
-    """``(left, right)`` from ``window_size[0]``, ``window_size[1]`` (FA3 reads only those two)."""
-    try:
-        sides = _int64(window_size[0]), _int64(window_size[1])
-    except (TypeError, IndexError, KeyError):
-        sides = None, None
-    if None in sides:
-        raise ValueError(
-            f"window_size must hold two ints (left, right) in int64 range, a negative side meaning "
-            f"unbounded, got {window_size!r}"
-        )
-    return sides
-
-
-def _chunk_size(attention_chunk) -> int:
-    """sglang's ``0 if attention_chunk is None else int(attention_chunk)``; ``<= 0`` is off (FA3)."""
-    try:
-        chunk = _int64(0 if attention_chunk is None else int(attention_chunk))
-    except (TypeError, ValueError, OverflowError, RuntimeError):
-        chunk = None
-    if chunk is None:
-        raise ValueError(
-            f"attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), "
-            f"got {attention_chunk!r}"
-        )
-    return max(chunk, 0)
-
-
 def _flag(name: str, x, none_is_false: bool = False) -> bool:
     """A bool argument: a bool (Python or NumPy), an int 0 / 1, or a 1-element bool or integer
     tensor holding 0 / 1; ``None`` too where sglang only tests the value's truth (``only_qv``)."""
     if x is None and none_is_false:
         return False
     if isinstance(x, torch.Tensor):
-        scalar = x.numel() == 1 and x.device.type != "meta" and not (x.dtype.is_floating_point or x.is_complex())
+        scalar = (
+            x.numel() == 1
+            and x.device.type != "meta"
+            and not (x.dtype.is_floating_point or x.is_complex())
+        )
         value = x.item() if scalar else None
     elif isinstance(x, numbers.Integral) or type(x).__name__ in ("bool_", "bool"):
         value = int(x)
@@ -174,21 +153,25 @@ def _require_real(name: str, x) -> float:
 
 
 def _require_float32_finite(name: str, x: float) -> None:
-    """FA3 computes with ``name`` as a float32: NaN, inf and values beyond its range are garbage there."""
+    """FA3 computes with ``name`` as a float32: NaN, inf and values beyond its range are garbage
+    there."""
     if not (math.isfinite(x) and abs(x) <= FLOAT32_MAX):
         raise ValueError(f"{name} must be finite in float32 (|{name}| <= 3.4e38), got {x!r}")
 
 
 def _float32(x: float) -> float:
-    """``x`` (finite, within float32's range) rounded to float32, the precision FA3's kernels get it in."""
+    """``x`` (finite, within float32's range) rounded to float32, the precision FA3's kernels get it
+    in."""
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _default_scale(what: str, dims: int) -> float:
     """sglang's default ``softmax_scale = dims ** -0.5``, undefined for a zero head dim."""
     if dims == 0:
-        raise ValueError(f"softmax_scale=None means {what} ** -0.5, which is undefined for a head dim "
-                         f"of 0; pass softmax_scale")
+        raise ValueError(
+            f"softmax_scale=None means {what} ** -0.5, which is undefined for a head dim "
+            f"of 0; pass softmax_scale"
+        )
     return dims ** (-0.5)
 
 

@@ -2,7 +2,8 @@
 the dense formula, :mod:`attn_ref.dense` (the specification; ``tests/test_dense.py`` checks that
 the two agree).
 
-For query row ``i``, query head ``head`` (served by KV head ``kv_head = head // g``, ``g = h / h_k``, GQA)::
+For query row ``i``, query head ``head`` (served by KV head ``kv_head = head // g``, ``g = h /
+h_k``, GQA)::
 
     s_ij   = q_i · k_j  (+ qv_i · v_j  when qv is given;  only qv_i · v_j  when only_qv)
     ℓ_ij   = scale · s_ij                                 (softcap = 0)
@@ -16,9 +17,10 @@ All of it in fp32 whatever the input dtype. A row with no visible key (and no si
 
 Query rows are processed in tiles of :data:`ROWS_PER_TILE` (fewer when a tile's score tensor would
 exceed :data:`MAX_SCORE_ELEMENTS`, so memory stays bounded: a 32k-token prefill never materialises
-32k x 32k scores). A tile scores only the keys some of its rows see (:func:`~attn_ref.masks.tile_key_range`:
-causal, window and chunk masks leave the others out) and masks only the edge columns that not all of its
-rows see; the query heads of one KV head share one batched matmul (``einsum`` over a view, no copy of K/V).
+32k x 32k scores). A tile scores only the keys some of its rows see
+(:func:`~attn_ref.masks.tile_key_range`: causal, window and chunk masks leave the others out) and
+masks only the edge columns that not all of its rows see; the query heads of one KV head share one
+batched matmul (``einsum`` over a view, no copy of K/V).
 
 The file holds the loop body of :func:`attn_ref.kvcache.attend` in the order of its twin,
 :mod:`kernels.attention`: :func:`_split_states` (one batch entry: :func:`_load_q`, the keys,
@@ -53,54 +55,79 @@ KEYS_PER_BLOCK = 4096
 
 
 def _split_states(call: KVCacheCall, i: int, n_splits: int):
-    """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split: what
-    the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute together.
+    """Attention states ``[(out (sq, h, dv), lse (sq, h))]`` of batch entry ``i``, one per KV split:
+    what the programs of :func:`kernels.attention._split_states_kernel` for entry ``i`` compute
+    together.
 
-    A split's keys are read and attended :data:`KEYS_PER_BLOCK` at a time and the blocks' states folded
-    with ⊕ (:func:`~attn_ref.merge.merge_attention_states`), so that no K/V copy is larger than a block."""
+    A split's keys are read and attended :data:`KEYS_PER_BLOCK` at a time and the blocks' states
+    folded with ⊕ (:func:`~attn_ref.merge.merge_attention_states`), so that no K/V copy is larger
+    than a block."""
     batch = call.batch_host  # the per-batch values as Python ints
-    sk, start, row = batch.seqlens_k[i], batch.leftpads[i], batch.cache_rows[i]  # key j at position start + j
+    # key j at position start + j
+    sk, start, row = batch.seqlens_k[i], batch.leftpads[i], batch.cache_rows[i]
     q_loaded, qv = _load_q(call, i)  # (sq, h, d) fp32, (sq, h, dv) or None
     states = []
     for s, (k0, k1) in enumerate(split_bounds(sk, n_splits)):
         blocks = []
-        for b0 in range(k0, max(k1, k0 + 1), KEYS_PER_BLOCK):  # an empty split still gives its state
+        # an empty split still gives its state
+        for b0 in range(k0, max(k1, k0 + 1), KEYS_PER_BLOCK):
             b1 = min(k1, b0 + KEYS_PER_BLOCK)
-            k = gather_range(call.k_cache, row, start + b0, start + b1, call.page_table).float()  # (n, h_k, d)
-            v = gather_range(call.v_cache, row, start + b0, start + b1, call.page_table).float()  # (n, h_k, dv)
+            # (n, h_k, d)
+            k = gather_range(call.k_cache, row, start + b0, start + b1, call.page_table).float()
+            # (n, h_k, dv)
+            v = gather_range(call.v_cache, row, start + b0, start + b1, call.page_table).float()
             q = q_loaded
             if call.is_fp8:
                 q, k, v = _dequantize(call, i, q, k, v)
-            blocks.append(attention_with_lse(
-                q, k, v, call.softmax_scale, call.mask, call.softcap, qv, call.only_qv,
-                call.sinks if s == 0 and b0 == k0 else None,  # the sink is counted once: in split 0
-                key_offset=b0, seqlen_k=sk,
-            ))
+            blocks.append(
+                attention_with_lse(
+                    q,
+                    k,
+                    v,
+                    call.softmax_scale,
+                    call.mask,
+                    call.softcap,
+                    qv,
+                    call.only_qv,
+                    call.sinks
+                    if s == 0 and b0 == k0
+                    else None,  # the sink is counted once: in split 0
+                    key_offset=b0,
+                    seqlen_k=sk,
+                )
+            )
         states.append(_merge_states(blocks))
     return states
 
 
 def _load_q(call: KVCacheCall, i: int):
-    """``(q, qv)`` of batch entry ``i``: q ``(sq, h, d)`` fp32, rotated at ``P0 + row`` (or at ``P0`` for
-    every row when the call is neither causal nor local), and qv ``(sq, h, dv)`` or None."""
+    """``(q, qv)`` of batch entry ``i``: q ``(sq, h, d)`` fp32, rotated at ``P0 + row`` (or at
+    ``P0`` for every row when the call is neither causal nor local), and qv ``(sq, h, dv)`` or
+    None."""
     batch = call.batch_host  # the per-batch values as Python ints
     sq, start = batch.seqlens_q[i], batch.q_starts[i]
     q = _rows(call.q, i, sq, start).float()
     qv = _rows(call.qv, i, sq, start) if call.qv is not None else None
     if call.rotary_dim and not call.only_qv:
         p0 = batch.rotary_starts[i]
-        positions = torch.full((sq,), p0) if call.rotary_q_fixed_position else torch.arange(p0, p0 + sq)
-        q = apply_rotary(q, call.rotary_cos, call.rotary_sin, positions.to(q.device), call.rotary_interleaved)
+        positions = (
+            torch.full((sq,), p0) if call.rotary_q_fixed_position else torch.arange(p0, p0 + sq)
+        )
+        q = apply_rotary(
+            q, call.rotary_cos, call.rotary_sin, positions.to(q.device), call.rotary_interleaved
+        )
     return q, qv
 
 
 def _rows(x: torch.Tensor, i: int, n: int, start: int) -> torch.Tensor:
-    """Tokens of batch entry ``i``: ``x[i, :n]`` (batched layout) or ``x[start:start + n]`` (packed)."""
-    return x[start:start + n] if x.dim() == 3 else x[i, :n]
+    """Tokens of batch entry ``i``: ``x[i, :n]`` (batched layout) or ``x[start:start + n]``
+    (packed)."""
+    return x[start : start + n] if x.dim() == 3 else x[i, :n]
 
 
 def _dequantize(call: KVCacheCall, i: int, q, k, v):
-    """fp8 inputs: ``x * x_descale[i, kv_head]`` per KV head ``kv_head`` (q's factor repeated over its query heads)."""
+    """fp8 inputs: ``x * x_descale[i, kv_head]`` per KV head ``kv_head`` (q's factor repeated over
+    its query heads)."""
     group = call.num_heads // call.num_heads_k
 
     def scaled(x, descale, repeat):
@@ -108,7 +135,11 @@ def _dequantize(call: KVCacheCall, i: int, q, k, v):
             return x
         return x * descale[i].float().repeat_interleave(repeat)[None, :, None]
 
-    return scaled(q, call.q_descale, group), scaled(k, call.k_descale, 1), scaled(v, call.v_descale, 1)
+    return (
+        scaled(q, call.q_descale, group),
+        scaled(k, call.k_descale, 1),
+        scaled(v, call.v_descale, 1),
+    )
 
 
 def attention_with_lse(
@@ -143,7 +174,8 @@ def attention_with_lse(
 
     Returns:
         The state ``out (sq, h, dv)`` fp32 and ``lse (sq, h)`` fp32 (natural log; the state layout:
-        ``lse.shape == out.shape[:-1]``, as :func:`~attn_ref.merge.merge_attention_states` takes it).
+        ``lse.shape == out.shape[:-1]``, as :func:`~attn_ref.merge.merge_attention_states` takes
+        it).
     """
     sq, h = (qv if only_qv else q).shape[:2]
     n, h_k, dv = v.shape
@@ -155,26 +187,49 @@ def attention_with_lse(
     rows_per_tile = max(1, min(ROWS_PER_TILE, MAX_SCORE_ELEMENTS // max(1, h * n)))
     for r0 in range(0, sq, rows_per_tile):
         r1 = min(sq, r0 + rows_per_tile)
-        # Keys [lo, hi) are those some row of the tile sees, [full_lo, full_hi) those all of them see.
-        lo, hi, full_lo, full_hi = mask.tile_key_range(r0, r1, sq, seqlen_k, key_start=key_offset,
-                                                       key_end=key_offset + n)
+        # Keys [lo, hi) are those some row of the tile sees, [full_lo, full_hi) those all of them
+        # see.
+        lo, hi, full_lo, full_hi = mask.tile_key_range(
+            r0, r1, sq, seqlen_k, key_start=key_offset, key_end=key_offset + n
+        )
         keys = slice(lo - key_offset, hi - key_offset)  # the tile's keys in k and v
-        scores = _scores(None if only_qv else q[r0:r1], kf[keys], vf[keys], None if qv is None else qv[r0:r1],
-                         only_qv)
+        scores = _scores(
+            None if only_qv else q[r0:r1],
+            kf[keys],
+            vf[keys],
+            None if qv is None else qv[r0:r1],
+            only_qv,
+        )
         logits = _logits(scores, softmax_scale, softcap)  # (h_k, g, rows, hi - lo), in place
-        # -inf where a row does not see a key: only the edges [lo, full_lo) and [full_hi, hi) need a mask.
+        # -inf where a row does not see a key: only the edges [lo, full_lo) and [full_hi, hi) need a
+        # mask.
         for e0, e1 in ((lo, full_lo), (full_hi, hi)) if full_lo < full_hi else ((lo, hi),):
             if e0 < e1:
-                visible = mask.visible_keys(sq, seqlen_k, device=v.device, row_start=r0, row_end=r1,
-                                            key_start=e0, key_end=e1)  # (rows, e1 - e0)
-                logits[..., e0 - lo:e1 - lo].masked_fill_(~visible, float("-inf"))
+                visible = mask.visible_keys(
+                    sq,
+                    seqlen_k,
+                    device=v.device,
+                    row_start=r0,
+                    row_end=r1,
+                    key_start=e0,
+                    key_end=e1,
+                )  # (rows, e1 - e0)
+                logits[..., e0 - lo : e1 - lo].masked_fill_(~visible, float("-inf"))
         o, l = _softmax_state(logits, vf[keys], sinks)
-        out[r0:r1], lse[r0:r1] = o.permute(2, 0, 1, 3).reshape(r1 - r0, h, dv), l.reshape(h, r1 - r0).T
+        out[r0:r1], lse[r0:r1] = (
+            o.permute(2, 0, 1, 3).reshape(r1 - r0, h, dv),
+            l.reshape(h, r1 - r0).T,
+        )
     return out, lse
 
 
-def _scores(q: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor, qv: Optional[torch.Tensor],
-            only_qv: bool) -> torch.Tensor:
+def _scores(
+    q: Optional[torch.Tensor],
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qv: Optional[torch.Tensor],
+    only_qv: bool,
+) -> torch.Tensor:
     """Scores ``q·kᵀ (+ qv·vᵀ)``, or ``qv·vᵀ`` alone when ``only_qv``, grouped by KV head.
 
     ``q (rows, h, d)``, ``qv (rows, h, dv)`` (or None), ``k (n, h_k, d)``, ``v (n, h_k, dv)`` fp32.
@@ -190,14 +245,15 @@ def _scores(q: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor, qv: Opt
 
 
 def _by_kv_head(x: torch.Tensor, h_k: int) -> torch.Tensor:
-    """``(rows, h, dim)`` -> fp32 ``(rows, h_k, g, dim)``: the query heads grouped by their KV head."""
+    """``(rows, h, dim)`` -> fp32 ``(rows, h_k, g, dim)``: the query heads grouped by their KV
+    head."""
     rows, h, dim = x.shape
     return x.float().view(rows, h_k, h // h_k, dim)
 
 
 def _logits(scores: torch.Tensor, softmax_scale: float, softcap: float) -> torch.Tensor:
-    """Logits ``scale · s``, or ``softcap · tanh(scale · s / softcap)`` with ``softcap > 0`` (before the
-    mask), computed in place: the score tensor is the largest allocation of the call."""
+    """Logits ``scale · s``, or ``softcap · tanh(scale · s / softcap)`` with ``softcap > 0`` (before
+    the mask), computed in place: the score tensor is the largest allocation of the call."""
     if softcap > 0:
         return scores.mul_(softmax_scale / softcap).tanh_().mul_(softcap)
     return scores.mul_(softmax_scale)
@@ -213,7 +269,11 @@ def _softmax_state(
     layout of the scores: no copy of ``p``, one batched matmul per KV head).
     """
     # Row maximum; a state over zero keys (empty split, cache_seqlens = 0) has max -inf.
-    m = logits.amax(dim=-1) if logits.shape[-1] else logits.new_full(logits.shape[:-1], float("-inf"))
+    m = (
+        logits.amax(dim=-1)
+        if logits.shape[-1]
+        else logits.new_full(logits.shape[:-1], float("-inf"))
+    )
     if sinks is not None:
         m = torch.maximum(m, sinks[..., None])
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # empty row: any finite shift works
@@ -222,7 +282,8 @@ def _softmax_state(
     if sinks is not None:
         denom = denom + torch.exp(sinks[..., None] - m)
     inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
-    out = torch.einsum("kgrn,nkd->kgrd", p, v).mul_(inv[..., None])  # normalised after the matmul: fewer products
+    # normalised after the matmul: fewer products
+    out = torch.einsum("kgrn,nkd->kgrd", p, v).mul_(inv[..., None])
     return out, m + torch.log(denom)
 
 

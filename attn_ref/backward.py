@@ -1,9 +1,10 @@
 """Backward of attention from the saved output and log-sum-exp: the gradients of q, k and v.
 
-The forward (:mod:`attn_ref.attention`) gives, per query row ``i`` and query head ``head`` (served by
-key/value head ``kv_head = head // g``, ``g = h / h_k``, GQA), ``ℓ_ij = scale · q_i·k_j`` (``-inf`` where key ``j`` is masked),
-``lse_i = log Σ_j e^{ℓ_ij}`` and ``out_i = Σ_j P_ij v_j`` with ``P_ij = e^{ℓ_ij - lse_i}``. Given the
-gradient ``dO`` of the output (and optionally ``dlse`` of the LSE), the chain rule through the
+The forward (:mod:`attn_ref.attention`) gives, per query row ``i`` and query head ``head`` (served
+by key/value head ``kv_head = head // g``, ``g = h / h_k``, GQA), ``ℓ_ij = scale · q_i·k_j``
+(``-inf`` where key ``j`` is masked), ``lse_i = log Σ_j e^{ℓ_ij}`` and ``out_i = Σ_j P_ij v_j`` with
+``P_ij = e^{ℓ_ij - lse_i}``. Given the gradient ``dO`` of the output (and optionally ``dlse`` of the
+LSE), the chain rule through the
 softmax gives (FlashAttention-2, Algorithm 2)::
 
     P_ij  = exp(ℓ_ij - lse_i)                 recomputed from q, k and the saved lse
@@ -18,17 +19,16 @@ GQA: ``dK``/``dV`` of a key/value head sum the contributions of all of its query
 
 **Why the saved lse makes block backward exact.** ``P_ij`` of any block of keys is
 ``e^{ℓ_ij - lse_i}`` with the row's *final* lse (after every merge), so the contribution of one key
-block to ``dQ``, and that block's own ``dK``/``dV``, can be computed on their own: a ring or split-KV
-backward is exact, not an approximation. The one row-level quantity is ``D_i``, which needs only the
-final ``out_i`` and ``dO_i``.
+block to ``dQ``, and that block's own ``dK``/``dV``, can be computed on their own: a ring or
+split-KV backward is exact, not an approximation. The one row-level quantity is ``D_i``, which needs
+only the final ``out_i`` and ``dO_i``.
 
 **Masks and softcap**, with the forward's names and meaning (:mod:`attn_ref.masks`, bottom-right
-aligned): ``causal`` (row ``i`` sees keys ``j <= i + s_k - s_q``), ``window_size = (left, right)`` and
-``attention_chunk``; a masked key has ``P = 0``, so it gets no gradient. A row that sees no key
-(``lse = -inf``) has ``P = 0`` and gets zero gradients. With ``softcap > 0`` the logit is
-``ℓ_ij = softcap · tanh(scale · s_ij / softcap)`` (``s_ij = q_i·k_j``), whose derivative is
-``scale · (1 - tanh²)``: ``dS`` is multiplied by ``1 - (ℓ_ij / softcap)²`` before it enters ``dQ`` and
-``dK``.
+aligned): ``causal`` (row ``i`` sees keys ``j <= i + s_k - s_q``), ``window_size = (left, right)``
+and ``attention_chunk``; a masked key has ``P = 0``, so it gets no gradient. A row that sees no key
+(``lse = -inf``) has ``P = 0`` and gets zero gradients. With ``softcap > 0`` the logit is ``ℓ_ij =
+softcap · tanh(scale · s_ij / softcap)`` (``s_ij = q_i·k_j``), whose derivative is ``scale · (1 -
+tanh²)``: ``dS`` is multiplied by ``1 - (ℓ_ij / softcap)²`` before it enters ``dQ`` and ``dK``.
 
 The arithmetic is fp32 for fp16/bf16/fp32 inputs (float64 for float64 inputs, so that
 ``torch.autograd.gradcheck`` can check it), with bounded memory: query rows are processed in chunks
@@ -37,7 +37,8 @@ entries. The pieces have the names of their Triton twins in :mod:`kernels.backwa
 for :func:`attention_backward`), in FlashAttention-2's arrangement: :func:`_preprocess` (``D``),
 :func:`_dkdv` (``dK``, ``dV``) and :func:`_dq` (``dQ``), each recomputing ``P`` with
 :func:`_probabilities` and ``dS`` with :func:`_dscores`. Inside, query and output tensors are viewed
-by KV head, ``[b, s_q, h_k, g, ·]`` with ``g = h / h_k``, so a KV head's query heads sit on one axis.
+by KV head, ``[b, s_q, h_k, g, ·]`` with ``g = h / h_k``, so a KV head's query heads sit on one
+axis.
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ from typing import Iterator, Optional
 
 import torch
 
-from .attention import MAX_SCORE_ELEMENTS, _logits
-from .error_notes import catalogued
-from .masks import NO_MASK, AttentionMask
 from .argument_checks import (
     _require_device,
     _require_dtype,
@@ -58,20 +56,33 @@ from .argument_checks import (
     _require_shape,
     _require_tensor,
 )
+from .attention import MAX_SCORE_ELEMENTS, _logits
+from .error_notes import catalogued
+from .masks import NO_MASK, AttentionMask
 
 
 @catalogued
 def attention_backward(
-    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-    lse: torch.Tensor, softmax_scale: float, mask: AttentionMask = NO_MASK,
-    dlse: Optional[torch.Tensor] = None, grad_dtype: Optional[torch.dtype] = None, *,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float,
+    mask: AttentionMask = NO_MASK,
+    dlse: Optional[torch.Tensor] = None,
+    grad_dtype: Optional[torch.dtype] = None,
+    *,
     softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q, k, v for attention of ``q`` over all of ``k``/``v`` (see the module docstring).
+    """Gradients of q, k, v for attention of ``q`` over all of ``k``/``v`` (see the module
+    docstring).
 
     Takes what the forward returned: ``out, lse, *_ = flash_attn_with_kvcache(q, k, v, ...,
-    return_softmax_lse=True)`` with the same ``softmax_scale``, and the mask of the forward's options
-    (``AttentionMask(**options)``, :mod:`attn_ref.masks`). The arguments are checked first (:func:`check_backward_args`, shared with :func:`kernels.attention_backward`).
+    return_softmax_lse=True)`` with the same ``softmax_scale``, and the mask of the forward's
+    options (``AttentionMask(**options)``, :mod:`attn_ref.masks`). The arguments are checked first
+    (:func:`check_backward_args`, shared with :func:`kernels.attention_backward`).
 
     Args:
         dout: ``(b, s_q, h, d_v)`` gradient of the output.
@@ -106,8 +117,11 @@ def attention_backward(
     k_w, v_w = k.to(work), v.to(work)
     dk, dv = _dkdv(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, softcap or 0.0, mask)
     dq = _dq(q_w, k_w, v_w, dout_w, lse_w, delta, softmax_scale, softcap or 0.0, mask)
-    return (dq.flatten(2, 3).to(grad_dtype or q.dtype), dk.to(grad_dtype or k.dtype),
-            dv.to(grad_dtype or v.dtype))
+    return (
+        dq.flatten(2, 3).to(grad_dtype or q.dtype),
+        dk.to(grad_dtype or k.dtype),
+        dv.to(grad_dtype or v.dtype),
+    )
 
 
 def check_backward_args(dout, q, k, v, out, lse, dlse, mask) -> None:
@@ -144,11 +158,15 @@ def check_backward_args(dout, q, k, v, out, lse, dlse, mask) -> None:
         )
 
 
-def _preprocess(out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tensor]) -> torch.Tensor:
-    """``D_i = dO_i · out_i - dlse_i`` (no ``dlse`` term when ``dlse`` is None), ``[b, s_q, h_k, g]``.
+def _preprocess(
+    out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """``D_i = dO_i · out_i - dlse_i`` (no ``dlse`` term when ``dlse`` is None), ``[b, s_q, h_k,
+    g]``.
 
-    ``out``, ``dout``: ``[b, s_q, h_k, g, d_v]``; ``dlse``: ``[b, s_q, h_k, g]``. ``D_i = Σ_j P_ij dP_ij``
-    is the one row-level quantity of the backward: the ``dS`` of every key block subtracts it.
+    ``out``, ``dout``: ``[b, s_q, h_k, g, d_v]``; ``dlse``: ``[b, s_q, h_k, g]``. ``D_i = Σ_j P_ij
+    dP_ij`` is the one row-level quantity of the backward: the ``dS`` of every key block subtracts
+    it.
     """
     delta = (dout * out).sum(-1)
     if dlse is not None:
@@ -156,30 +174,35 @@ def _preprocess(out: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tens
     return delta
 
 
-def _dkdv(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float,
-          mask: AttentionMask) -> tuple[torch.Tensor, torch.Tensor]:
+def _dkdv(
+    q, k, v, dout, lse, delta, softmax_scale: float, softcap: float, mask: AttentionMask
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``dK [b, s_k, h_k, d]`` and ``dV [b, s_k, h_k, d_v]`` of every key, over all query rows.
 
-    ``dV_j = Σ_i P_ij dO_i`` and ``dK_j = scale · Σ_i dS_ij q_i``, the sums running over the rows and
-    over the ``g`` query heads of each KV head (GQA). ``q [b, s_q, h_k, g, d]``, ``k [b, s_k, h_k, d]``,
-    ``v [b, s_k, h_k, d_v]``, ``dout [b, s_q, h_k, g, d_v]``, ``lse``, ``delta`` ``[b, s_q, h_k, g]``;
-    ``mask``: the forward's :class:`~attn_ref.masks.AttentionMask`. The
-    rows are taken in chunks (:func:`_row_chunks`), as the kernel takes them in blocks of ``BLOCK_M``.
+    ``dV_j = Σ_i P_ij dO_i`` and ``dK_j = scale · Σ_i dS_ij q_i``, the sums running over the rows
+    and over the ``g`` query heads of each KV head (GQA). ``q [b, s_q, h_k, g, d]``, ``k [b, s_k,
+    h_k, d]``, ``v [b, s_k, h_k, d_v]``, ``dout [b, s_q, h_k, g, d_v]``, ``lse``, ``delta`` ``[b,
+    s_q, h_k, g]``; ``mask``: the forward's :class:`~attn_ref.masks.AttentionMask`. The rows are
+    taken in chunks (:func:`_row_chunks`), as the kernel takes them in blocks of ``BLOCK_M``.
     """
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     for r0, r1 in _row_chunks(q, k):
         q_r, do_r = q[:, r0:r1], dout[:, r0:r1]  # [b, rows, h_k, g, d], [b, rows, h_k, g, d_v]
         lse_r, delta_r = _row_stats(lse, delta, r0, r1)
-        p, softcap_grad = _probabilities(q_r, k, lse_r, r0, q.shape[1], softmax_scale, softcap, mask)
+        p, softcap_grad = _probabilities(
+            q_r, k, lse_r, r0, q.shape[1], softmax_scale, softcap, mask
+        )
         dv += torch.einsum("bkgrn,brkgd->bnkd", p, do_r)  # dV = Pᵀ dO, summed over G
         ds = _dscores(p, do_r, v, delta_r, softcap_grad)
         dk += torch.einsum("bkgrn,brkgd->bnkd", ds, q_r)  # dK = dSᵀ Q (· scale), summed over G
     return dk.mul_(softmax_scale), dv
 
 
-def _dq(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float,
-        mask: AttentionMask) -> torch.Tensor:
-    """``dQ_i = scale · Σ_j dS_ij k_j`` over all keys, ``[b, s_q, h_k, g, d]`` (arguments as :func:`_dkdv`).
+def _dq(
+    q, k, v, dout, lse, delta, softmax_scale: float, softcap: float, mask: AttentionMask
+) -> torch.Tensor:
+    """``dQ_i = scale · Σ_j dS_ij k_j`` over all keys, ``[b, s_q, h_k, g, d]`` (arguments as
+    :func:`_dkdv`).
 
     Each chunk of rows is finished on its own: its ``P`` and ``dS`` over every key give its ``dQ``,
     as a kernel program finishes its ``BLOCK_M`` rows by looping over the key blocks.
@@ -187,48 +210,70 @@ def _dq(q, k, v, dout, lse, delta, softmax_scale: float, softcap: float,
     dq = torch.empty_like(q)
     for r0, r1 in _row_chunks(q, k):
         lse_r, delta_r = _row_stats(lse, delta, r0, r1)
-        p, softcap_grad = _probabilities(q[:, r0:r1], k, lse_r, r0, q.shape[1], softmax_scale, softcap,
-                                         mask)
+        p, softcap_grad = _probabilities(
+            q[:, r0:r1], k, lse_r, r0, q.shape[1], softmax_scale, softcap, mask
+        )
         ds = _dscores(p, dout[:, r0:r1], v, delta_r, softcap_grad)
-        dq[:, r0:r1] = torch.einsum("bkgrn,bnkd->brkgd", ds, k).mul_(softmax_scale)  # dQ = dS K · scale
+        # dQ = dS K · scale
+        dq[:, r0:r1] = torch.einsum("bkgrn,bnkd->brkgd", ds, k).mul_(softmax_scale)
     return dq
 
 
 def _row_chunks(q: torch.Tensor, k: torch.Tensor) -> Iterator[tuple[int, int]]:
-    """``(r0, r1)`` ranges of query rows whose scores ``[b, h, rows, s_k]`` stay within ``MAX_SCORE_ELEMENTS``."""
+    """``(r0, r1)`` ranges of query rows whose scores ``[b, h, rows, s_k]`` stay within
+    ``MAX_SCORE_ELEMENTS``."""
     b, sq, h_k, g = q.shape[:4]
     rows = max(1, MAX_SCORE_ELEMENTS // max(1, b * h_k * g * k.shape[1]))
     return ((r0, min(sq, r0 + rows)) for r0 in range(0, sq, rows))
 
 
-def _row_stats(lse: torch.Tensor, delta: torch.Tensor, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_stats(
+    lse: torch.Tensor, delta: torch.Tensor, r0: int, r1: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """LSE (infinite read as 0: a row with no visible key has ``P = 0`` anyway) and ``D`` of rows
-    ``r0:r1``, each ``[b, h_k, g, rows, 1]`` (from ``[b, s_q, h_k, g]``), to broadcast over the keys."""
+    ``r0:r1``, each ``[b, h_k, g, rows, 1]`` (from ``[b, s_q, h_k, g]``), to broadcast over the
+    keys."""
     lse_r, delta_r = (x[:, r0:r1].permute(0, 2, 3, 1)[..., None] for x in (lse, delta))
     return torch.where(torch.isinf(lse_r), torch.zeros_like(lse_r), lse_r), delta_r
 
 
-def _probabilities(q, k, lse, row_start: int, seqlen_q: int, softmax_scale: float, softcap: float,
-                   mask: AttentionMask) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``P_ij = exp(ℓ_ij - lse_i)`` ``[b, h_k, g, rows, s_k]`` of rows ``row_start ..``, 0 where masked, and
-    the softcap's factor ``1 - tanh² = 1 - (ℓ_ij / softcap)²`` of ``dS`` (same shape; None without softcap).
+def _probabilities(
+    q,
+    k,
+    lse,
+    row_start: int,
+    seqlen_q: int,
+    softmax_scale: float,
+    softcap: float,
+    mask: AttentionMask,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``P_ij = exp(ℓ_ij - lse_i)`` ``[b, h_k, g, rows, s_k]`` of rows ``row_start ..``, 0 where
+    masked, and the softcap's factor ``1 - tanh² = 1 - (ℓ_ij / softcap)²`` of ``dS`` (same shape;
+    None without softcap).
 
     ``q [b, rows, h_k, g, d]`` (rows ``row_start .. row_start + rows - 1`` of ``seqlen_q``),
-    ``k [b, s_k, h_k, d]``, ``lse [b, h_k, g, rows, 1]`` from :func:`_row_stats`; the logits ``ℓ`` are the
-    forward's (:func:`attn_ref.attention._logits`), the mask is ``mask``'s
+    ``k [b, s_k, h_k, d]``, ``lse [b, h_k, g, rows, 1]`` from :func:`_row_stats`; the logits ``ℓ``
+    are the forward's (:func:`attn_ref.attention._logits`), the mask is ``mask``'s
     (:meth:`~attn_ref.masks.AttentionMask.visible_keys`).
     """
     logits = _logits(torch.einsum("brkgd,bnkd->bkgrn", q, k), softmax_scale, softcap)
     softcap_grad = 1 - (logits / softcap).square() if softcap > 0 else None
     row_end = row_start + q.shape[1]
-    visible = mask.visible_keys(seqlen_q, k.shape[1], device=q.device, row_start=row_start, row_end=row_end)
+    visible = mask.visible_keys(
+        seqlen_q, k.shape[1], device=q.device, row_start=row_start, row_end=row_end
+    )
     return logits.masked_fill_(~visible, float("-inf")).sub_(lse).exp_(), softcap_grad
 
 
-def _dscores(p: torch.Tensor, dout: torch.Tensor, v: torch.Tensor, delta: torch.Tensor,
-             softcap_grad: Optional[torch.Tensor]) -> torch.Tensor:
-    """``dS_ij = P_ij (dP_ij - D_i)`` with ``dP_ij = dO_i · v_j``, ``[b, h_k, g, rows, s_k]``, written over ``p``;
-    times ``softcap_grad`` (``1 - tanh²``) with softcap.
+def _dscores(
+    p: torch.Tensor,
+    dout: torch.Tensor,
+    v: torch.Tensor,
+    delta: torch.Tensor,
+    softcap_grad: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """``dS_ij = P_ij (dP_ij - D_i)`` with ``dP_ij = dO_i · v_j``, ``[b, h_k, g, rows, s_k]``,
+    written over ``p``; times ``softcap_grad`` (``1 - tanh²``) with softcap.
 
     ``p [b, h_k, g, rows, s_k]``, ``dout [b, rows, h_k, g, d_v]``, ``v [b, s_k, h_k, d_v]``,
     ``delta [b, h_k, g, rows, 1]``, ``softcap_grad`` as ``p`` or None.

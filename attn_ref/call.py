@@ -1,10 +1,12 @@
-"""The record of a validated ``flash_attn_with_kvcache`` call, shared by the reference and the kernels.
+"""The record of a validated ``flash_attn_with_kvcache`` call, shared by the reference and the
+kernels.
 
-:func:`attn_ref.validation.check_kvcache_args` returns a :class:`KVCacheCall`: the resolved arguments
-plus the per-batch values (lengths, offsets, cache rows) as one :class:`BatchTable` of ``(b,)`` device
-tensors, computed with torch ops (:func:`batch_table`, what the kernels read), and, after the value
-checks, the same :class:`BatchTable` as Python ints (what the reference loops over). Also here: the
-limits and constants both implementations use and the output dtype rule (:func:`output_dtype`).
+:func:`attn_ref.validation.check_kvcache_args` returns a :class:`KVCacheCall`: the resolved
+arguments plus the per-batch values (lengths, offsets, cache rows) as one :class:`BatchTable` of
+``(b,)`` device tensors, computed with torch ops (:func:`batch_table`, what the kernels read), and,
+after the value checks, the same :class:`BatchTable` as Python ints (what the reference loops over).
+Also here: the limits and constants both implementations use and the output dtype rule
+(:func:`output_dtype`).
 """
 
 from __future__ import annotations  # (BatchTable's methods return BatchTable)
@@ -16,6 +18,7 @@ import torch
 
 if TYPE_CHECKING:
     from .masks import AttentionMask
+    from .validation import _Layout, _Rotary
 
 #: Input dtypes both implementations accept (fp32 is an addition to upstream's fp16/bf16/fp8).
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
@@ -30,16 +33,18 @@ LARGE_SCALE = 1e4
 
 
 def output_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the attention output for inputs of ``dtype``: the same, but bf16 for fp8 (as FA3)."""
+    """The dtype of the attention output for inputs of ``dtype``: the same, but bf16 for fp8 (as
+    FA3)."""
     return torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
 
 
 class BatchTable(NamedTuple):
-    """The per-batch values of a call, one entry per batch entry ``i``: ``(b,)`` int32 tensors on q's
-    device (:func:`batch_table`; what the kernels read), or lists of Python ints (:meth:`tolist`; what
-    the value checks and the reference read).
+    """The per-batch values of a call, one entry per batch entry ``i``: ``(b,)`` int32 tensors on
+    q's device (:func:`batch_table`; what the kernels read), or lists of Python ints
+    (:meth:`tolist`; what the value checks and the reference read).
 
-    * ``seqlens_q[i]`` (``Sq_i``): query rows; ``q_starts[i]``: first row in varlen ``q`` (0 otherwise).
+    * ``seqlens_q[i]`` (``Sq_i``): query rows; ``q_starts[i]``: first row in varlen ``q`` (0
+      otherwise).
     * ``cache_rows[i]``: cache row (no page table) or page-table row used by batch ``i``.
     * ``leftpads[i]`` (``L_i``): first valid cache position.
     * ``seqlens_k[i]`` (``Sk_i = C_i + N_i - L_i``): keys attended.
@@ -98,7 +103,8 @@ class KVCacheCall:
     head_dim: int
     head_dim_v: int
     varlen_q: bool
-    seqlen_q_bound: int  # static bound on every Sq_i: sq, or max_seqlen_q (at most total_q) for varlen q
+    # static bound on every Sq_i: sq, or max_seqlen_q (at most total_q) for varlen q
+    seqlen_q_bound: int
     batch: BatchTable
     page_size: int
     capacity: int
@@ -134,12 +140,24 @@ class KVCacheCall:
 
     @property
     def appending(self) -> bool:
-        """New tokens are written into the cache (``Σ N_i > 0``: k's token count, once validated)."""
+        """New tokens are written into the cache (``Σ N_i > 0``: k's token count, once
+        validated)."""
         return self.k is not None and self.k.shape[:-2].numel() > 0
 
 
-def batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_seqlens_k_new,
-                cache_seqlens, capacity, cache_leftpad, rotary_seqlens) -> BatchTable:
+def batch_table(
+    batch,
+    device,
+    static_sq,
+    cu_seqlens_q,
+    cache_batch_idx,
+    k,
+    cu_seqlens_k_new,
+    cache_seqlens,
+    capacity,
+    cache_leftpad,
+    rotary_seqlens,
+) -> BatchTable:
     """The per-batch values of a call, a :class:`BatchTable` of ``(b,)`` int32 tensors on ``device``
     (int64 for an int ``cache_seqlens`` beyond int32, which the value checks then report), from its
     statically checked arguments with torch ops only: no value is read on the host, and a typical
@@ -150,7 +168,7 @@ def batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_s
     ``k.shape[1]``, 0; no ``k``: 0); ``C_i`` from ``cache_seqlens`` (an int: every entry; None: the
     capacity); ``L_i`` from ``cache_leftpad`` (else 0); ``Sk_i = C_i + N_i - L_i``; ``P0_i`` from
     ``rotary_seqlens`` (else ``C_i``)."""
-    wide = isinstance(cache_seqlens, int) and not -2**31 <= cache_seqlens < 2**31
+    wide = isinstance(cache_seqlens, int) and not -(2**31) <= cache_seqlens < 2**31
     dtype = torch.int64 if wide else torch.int32
     zeros = torch.zeros(batch, dtype=dtype, device=device)
 
@@ -184,4 +202,103 @@ def batch_table(batch, device, static_sq, cu_seqlens_q, cache_batch_idx, k, cu_s
     if cache_leftpad is not None:
         seqlens_k = seqlens_k - leftpads
     rotary_starts = per_batch(rotary_seqlens, 0) if rotary_seqlens is not None else ends
-    return BatchTable(seqlens_q, q_starts, cache_rows, leftpads, seqlens_k, new_lens, new_starts, ends, rotary_starts)
+    return BatchTable(
+        seqlens_q,
+        q_starts,
+        cache_rows,
+        leftpads,
+        seqlens_k,
+        new_lens,
+        new_starts,
+        ends,
+        rotary_starts,
+    )
+
+
+def resolve_call(
+    arguments: dict,
+    page_table,
+    layout: _Layout,
+    mask: AttentionMask,
+    rotary: _Rotary,
+    descales: tuple,
+    *,
+    cu_seqlens_q,
+    cache_batch_idx,
+    cu_seqlens_k_new,
+    cache_seqlens,
+    cache_leftpad,
+    softmax_scale: float,
+    softcap: float,
+    only_qv: bool,
+    num_splits: int,
+    rotary_interleaved: bool,
+    return_softmax_lse: bool,
+) -> KVCacheCall:
+    """The statically checked call as a :class:`KVCacheCall` (the last static phase of
+    :func:`~attn_ref.validation.check_kvcache_args`), with the values derived from several
+    arguments, computed here only: the per-batch table (:func:`batch_table`), the static bound on
+    ``Sq_i`` and whether the KV is empty. ``arguments``: the tensor arguments by name (v None
+    without k)."""
+    q, k, k_cache, rotary_cos = (
+        arguments["q"],
+        arguments["k"],
+        arguments["k_cache"],
+        arguments["rotary_cos"],
+    )
+    table = batch_table(
+        layout.batch,
+        layout.device,
+        layout.seqlen_q,
+        cu_seqlens_q,
+        cache_batch_idx,
+        k,
+        cu_seqlens_k_new,
+        cache_seqlens,
+        layout.capacity,
+        cache_leftpad,
+        rotary.seqlens,
+    )
+    # FA3 skips the kernel when q's batch x k_cache.shape[1] + new tokens == 0 ("zero-length KV":
+    # out 0, lse +inf). With a page table shape[1] is the page size (>= 1), so paged KV is never
+    # empty.
+    total_new = k.shape[:-2].numel() if k is not None else 0
+    q_descale, k_descale, v_descale = descales
+    return KVCacheCall(
+        q=q,
+        k_cache=k_cache,
+        v_cache=arguments["v_cache"],
+        k=k,
+        v=arguments["v"],
+        qv=arguments["qv"],
+        rotary_cos=rotary_cos,
+        rotary_sin=rotary.sin,
+        page_table=page_table,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        sinks=arguments["sinks"],
+        out=arguments["out"],
+        batch_size=layout.batch,
+        num_heads=layout.num_heads,
+        num_heads_k=layout.num_heads_k,
+        head_dim=layout.head_dim,
+        head_dim_v=layout.head_dim_v,
+        varlen_q=layout.varlen_q,
+        seqlen_q_bound=min(max(layout.seqlen_q, 0), q.shape[0])
+        if layout.varlen_q
+        else layout.seqlen_q,
+        batch=table,
+        page_size=layout.page_size,
+        capacity=layout.capacity,
+        softmax_scale=softmax_scale,
+        mask=mask,
+        softcap=softcap,
+        rotary_interleaved=rotary_interleaved,
+        rotary_dim=rotary.dim,
+        rotary_q_fixed_position=rotary.q_fixed_position,
+        only_qv=only_qv,
+        return_softmax_lse=return_softmax_lse,
+        num_splits=num_splits,
+        empty_kv=k_cache.shape[1] == 0 and total_new == 0,
+    )

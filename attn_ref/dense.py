@@ -29,8 +29,12 @@ import torch
 
 
 def visible(
-    seqlen_q: int, seqlen_k: int, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
-    attention_chunk: Optional[int] = 0, device: Optional[torch.device] = None,
+    seqlen_q: int,
+    seqlen_k: int,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: Optional[int] = 0,
+    device: Optional[torch.device] = None,
 ) -> torch.Tensor:
     """``(s_q, s_k)`` bool, True where query row ``i`` sees key ``j`` (FA3's masks).
 
@@ -57,11 +61,19 @@ def visible(
 
 
 def attention(
-    q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: torch.Tensor,
-    softmax_scale: Optional[float] = None, causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1), attention_chunk: Optional[int] = 0,
-    softcap: float = 0.0, sinks: Optional[torch.Tensor] = None, qv: Optional[torch.Tensor] = None,
-    *, upcast: bool = True, p_dtype: Optional[torch.dtype] = None,
+    q: Optional[torch.Tensor],
+    k: Optional[torch.Tensor],
+    v: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: Optional[int] = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
+    qv: Optional[torch.Tensor] = None,
+    *,
+    upcast: bool = True,
+    p_dtype: Optional[torch.dtype] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of a batch of sequences of equal lengths, by the formula of the module docstring.
 
@@ -101,9 +113,11 @@ def attention(
     # scaling q first would overflow for a huge scale that the tanh then saturates.
     factor = 1.0 if softcap > 0 else softmax_scale
     scores = sum(  # (b, h, s_q, s_k)
-        torch.einsum("bihd,bjhd->bhij", x.to(dtype) * factor, heads(y)) if upcast
+        torch.einsum("bihd,bjhd->bhij", x.to(dtype) * factor, heads(y))
+        if upcast
         else torch.einsum("bihd,bjhd->bhij", x.to(dtype), heads(y) * factor)
-        for x, y in ((q, k), (qv, v)) if x is not None
+        for x, y in ((q, k), (qv, v))
+        if x is not None
     )
     if softcap > 0:
         scores = torch.tanh(scores * (softmax_scale / softcap)) * softcap

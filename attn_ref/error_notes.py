@@ -1,4 +1,5 @@
-"""``catalogued``: the decorator that puts the catalog note on the package's errors (see :mod:`errors.notes`).
+"""``catalogued``: the decorator that puts the catalog note on the package's errors (see
+:mod:`errors.notes`).
 
 Taken from this distribution's :mod:`errors` through :func:`attn_ref.packages.own_package`, so a
 user's own module named ``errors`` does not break ``import attn_ref``. If the catalog tooling cannot

@@ -14,17 +14,21 @@ import torch
 
 
 def check_heads_first(q: torch.Tensor, k_cache: torch.Tensor, page_table) -> None:
-    """Raise the layout hint when q ``(b, h, sq, d)`` and k_cache ``(b_k, h_k, s_k, d)`` (dense, no ``page_table``) look
-    heads-first: read that way, ``h_k`` divides ``h``. Called only where ``q.shape[2]`` is not a
-    multiple of ``k_cache.shape[2]``."""
+    """Raise the layout hint when q ``(b, h, sq, d)`` and k_cache ``(b_k, h_k, s_k, d)`` (dense, no
+    ``page_table``) look heads-first: read that way, ``h_k`` divides ``h``. Called only where
+    ``q.shape[2]`` is not a multiple of ``k_cache.shape[2]``."""
     if q.dim() != 4 or page_table is not None:
         return
     heads, heads_k = q.shape[1], k_cache.shape[1]
     if heads_k > 0 and heads % heads_k == 0:
         raise ValueError(
-            f"the number of key/value heads ({k_cache.shape[2]}) must divide the number of query heads "
-            f"({q.shape[2]}); q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)} look like (batch, "
-            f"heads, seqlen, dim), the layout of transformers and scaled_dot_product_attention: pass "
-            f"q.transpose(1, 2), k_cache.transpose(1, 2) and v_cache.transpose(1, 2), the (batch, seqlen, "
+            f"the number of key/value heads ({k_cache.shape[2]}) must divide the number of query "
+            "heads "
+            f"({q.shape[2]}); q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)} look like "
+            "(batch, "
+            "heads, seqlen, dim), the layout of transformers and scaled_dot_product_attention: "
+            "pass "
+            "q.transpose(1, 2), k_cache.transpose(1, 2) and v_cache.transpose(1, 2), the (batch, "
+            "seqlen, "
             f"heads, dim) views flash_attn_with_kvcache takes"
         )

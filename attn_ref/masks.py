@@ -14,15 +14,17 @@ Example, ``seqlen_q=2, seqlen_k=5``, causal::
     1 1 1 1 1
 
 With ``seqlen_q=5, seqlen_k=2`` causal, the first three rows see nothing (their output is 0).
-Key ``j`` is the j-th *valid* key; with ``cache_leftpad`` it lives at cache position ``leftpad + j``.
+Key ``j`` is the j-th *valid* key; with ``cache_leftpad`` it lives at cache position ``leftpad +
+j``.
 
 :class:`AttentionMask` is the one object that says this: it turns FA's options (``causal``,
-``window_size``, ``attention_chunk``) into the normalised triple ``(window_left, window_right,
-chunk)`` once, and owns the reference's predicate (:meth:`AttentionMask.visible_keys`) and the key
-range of a tile of rows (:meth:`AttentionMask.tile_key_range`, the kernels' block skipping). The
-kernels take the same triple as one argument group (:meth:`AttentionMask.kernel_args`) and test it
-with their twins in :mod:`kernels.masks`. :mod:`attn_ref.dense` writes the rule independently, as the
-specification the tests check this one against.
+``window_size``, ``attention_chunk``, read by :func:`_window_pair`, :func:`_chunk_size`) into the
+normalised triple ``(window_left, window_right, chunk)`` once, and owns the reference's predicate
+(:meth:`AttentionMask.visible_keys`) and the key range of a tile of rows
+(:meth:`AttentionMask.tile_key_range`, the kernels' block skipping). The kernels take the same
+triple as one argument group (:meth:`AttentionMask.kernel_args`) and test it with their twins in
+:mod:`kernels.masks`. :mod:`attn_ref.dense` writes the rule independently, as the specification the
+tests check this one against.
 """
 
 from __future__ import annotations
@@ -31,8 +33,7 @@ from typing import Optional
 
 import torch
 
-from .argument_checks import _chunk_size, _flag, _window_pair
-
+from .argument_checks import _flag, _int64
 
 
 class AttentionMask:
@@ -48,8 +49,12 @@ class AttentionMask:
 
     __slots__ = ("window_left", "window_right", "chunk")
 
-    def __init__(self, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
-                 attention_chunk: Optional[int] = 0) -> None:
+    def __init__(
+        self,
+        causal: bool = False,
+        window_size: tuple[int, int] = (-1, -1),
+        attention_chunk: Optional[int] = 0,
+    ) -> None:
         left, right = _window_pair(window_size)
         if _flag("causal", causal):
             right = 0
@@ -68,8 +73,10 @@ class AttentionMask:
         return hash(self.kernel_args())
 
     def __repr__(self) -> str:
-        return (f"AttentionMask(window_size=({self.window_left}, {self.window_right}), "
-                f"attention_chunk={self.chunk})")
+        return (
+            f"AttentionMask(window_size=({self.window_left}, {self.window_right}), "
+            f"attention_chunk={self.chunk})"
+        )
 
     @property
     def causal(self) -> bool:
@@ -83,14 +90,16 @@ class AttentionMask:
 
     @property
     def hides_keys(self) -> bool:
-        """Some side or the chunk is bounded (FA3's causal or local mode; rotary moves q with it)."""
+        """Some side or the chunk is bounded (FA3's causal or local mode; rotary moves q with
+        it)."""
         return self.window_left >= 0 or self.window_right >= 0 or self.chunk > 0
 
     def bounded(self, seqlen_q: int, seqlen_k: int) -> AttentionMask:
         """The same mask on problems of at most ``seqlen_q`` rows and ``seqlen_k`` keys, as FA3
         normalises it: a left side ``>= seqlen_k - 1`` or a right side ``>= seqlen_q - 1`` hides no
         key and becomes unbounded (causal keeps its right side 0); a chunk longer than both is the
-        same as any longer chunk and is capped at ``max(seqlen_k, seqlen_q, 1)`` (kernels take int32)."""
+        same as any longer chunk and is capped at ``max(seqlen_k, seqlen_q, 1)`` (kernels take
+        int32)."""
         left = -1 if self.window_left >= seqlen_k - 1 else self.window_left
         right = self.window_right
         if right != 0 and right >= seqlen_q - 1:
@@ -128,7 +137,9 @@ class AttentionMask:
         rows = torch.arange(row_start, row_end, device=device)[:, None]  # (rows, 1)
         diag = rows + (seqlen_k - seqlen_q)  # (rows, 1): i + Δ
         j = torch.arange(key_start, key_end, device=device)[None, :]  # (1, keys)
-        visible = torch.ones(row_end - row_start, key_end - key_start, dtype=torch.bool, device=device)
+        visible = torch.ones(
+            row_end - row_start, key_end - key_start, dtype=torch.bool, device=device
+        )
         if self.window_left >= 0:
             visible &= j >= diag - self.window_left
         if self.window_right >= 0:
@@ -147,7 +158,8 @@ class AttentionMask:
         key_start: int = 0,
         key_end: Optional[int] = None,
     ) -> tuple[int, int, int, int]:
-        """``(lo, hi, full_lo, full_hi)`` for the tile of rows ``row_start .. row_end - 1`` (non-empty).
+        """``(lo, hi, full_lo, full_hi)`` for the tile of rows ``row_start .. row_end - 1``
+        (non-empty).
 
         Of the keys ``[key_start, key_end)`` (all ``seqlen_k`` by default: a split's keys), those
         that some row of the tile sees (:meth:`visible_keys`) are exactly ``[lo, hi)`` and those
@@ -174,6 +186,35 @@ class AttentionMask:
             full_lo = max(full_lo, last - last % c)
             full_hi = min(full_hi, first - first % c + c)
         return lo, max(hi, lo), full_lo, full_hi
+
+
+def _window_pair(window_size) -> tuple[int, int]:
+    """``(left, right)`` from ``window_size[0]``, ``window_size[1]`` (FA3 reads only those two)."""
+    try:
+        sides = _int64(window_size[0]), _int64(window_size[1])
+    except (TypeError, IndexError, KeyError):
+        sides = None, None
+    if None in sides:
+        raise ValueError(
+            f"window_size must hold two ints (left, right) in int64 range, a negative side meaning "
+            f"unbounded, got {window_size!r}"
+        )
+    return sides
+
+
+def _chunk_size(attention_chunk) -> int:
+    """sglang's ``0 if attention_chunk is None else int(attention_chunk)``; ``<= 0`` is off
+    (FA3)."""
+    try:
+        chunk = _int64(0 if attention_chunk is None else int(attention_chunk))
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        chunk = None
+    if chunk is None:
+        raise ValueError(
+            f"attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), "
+            f"got {attention_chunk!r}"
+        )
+    return max(chunk, 0)
 
 
 #: No mask: every row sees every key.

@@ -61,11 +61,14 @@ def combine_attention_states(
 
 
 def check_merge_states(out_a, lse_a, out_b, lse_b) -> None:
-    """Two attention states of one shape: ``out_* (..., dim)``, ``lse_* (...)`` = ``out_a.shape[:-1]``."""
+    """Two attention states of one shape: ``out_* (..., dim)``, ``lse_* (...)`` =
+    ``out_a.shape[:-1]``."""
     check_state("out_a", out_a, "lse_a", lse_a)
     check_state("out_b", out_b, "lse_b", lse_b)
     if out_b.shape != out_a.shape:
-        raise ValueError(f"out_b must have the shape of out_a {tuple(out_a.shape)}, got {tuple(out_b.shape)}")
+        raise ValueError(
+            f"out_b must have the shape of out_a {tuple(out_a.shape)}, got {tuple(out_b.shape)}"
+        )
 
 
 def check_combine_states(out_partials, lse_partials) -> None:
@@ -83,13 +86,18 @@ def check_state(out_name: str, out, lse_name: str, lse) -> None:
     """An attention state: ``lse.shape == out.shape[:-1]``, both floating point, same device."""
     if not isinstance(out, torch.Tensor) or not isinstance(lse, torch.Tensor):
         raise TypeError(
-            f"{out_name} and {lse_name} must be torch.Tensors, got {type(out).__name__} and {type(lse).__name__}"
+            f"{out_name} and {lse_name} must be torch.Tensors, got {type(out).__name__} and "
+            f"{type(lse).__name__}"
         )
     if out.dim() < 1 or tuple(lse.shape) != tuple(out.shape[:-1]):
         raise ValueError(
-            f"{lse_name} must have shape {out_name}.shape[:-1] = {tuple(out.shape[:-1])}, got {tuple(lse.shape)}"
+            f"{lse_name} must have shape {out_name}.shape[:-1] = {tuple(out.shape[:-1])}, got "
+            f"{tuple(lse.shape)}"
         )
-    if not (out.dtype.is_floating_point and lse.dtype.is_floating_point) or out.device != lse.device:
+    if (
+        not (out.dtype.is_floating_point and lse.dtype.is_floating_point)
+        or out.device != lse.device
+    ):
         raise ValueError(
             f"{out_name} and {lse_name} must be floating point on one device, got {out.dtype} on "
             f"{out.device} and {lse.dtype} on {lse.device}"
@@ -103,7 +111,8 @@ def _merge_states(states):
 
 
 def _merge_pair(out_a, lse_a, out_b, lse_b):
-    """The ⊕ of two checked fp32 states ``out (..., dim)``, ``lse (...)``: ``(out (..., dim), lse (...))``."""
+    """The ⊕ of two checked fp32 states ``out (..., dim)``, ``lse (...)``: ``(out (..., dim), lse
+    (...))``."""
     lse_a, lse_b = _no_plus_inf(lse_a), _no_plus_inf(lse_b)
     m = torch.maximum(lse_a, lse_b)
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # both -inf: weights 0, not NaN

@@ -1,4 +1,5 @@
-"""Memory shared between tensors: the checks of the memory a ``flash_attn_with_kvcache`` call writes.
+"""Memory shared between tensors: the checks of the memory a ``flash_attn_with_kvcache`` call
+writes.
 
 The call writes the caches (append) and ``out``; a written element that another argument also reads,
 or that two slots share, makes the result depend on the order of the writes (FA3 runs them in
@@ -37,11 +38,13 @@ def _all_offsets(x: torch.Tensor) -> torch.Tensor:
 
 
 def _contains(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Which storage ``offsets`` are elements of ``x`` (``x`` non-overlapping): peel the dimensions off
-    from the largest stride down; an offset is an element iff nothing is left at the end."""
+    """Which storage ``offsets`` are elements of ``x`` (``x`` non-overlapping): peel the dimensions
+    off from the largest stride down; an offset is an element iff nothing is left at the end."""
     rest = offsets - x.storage_offset()
     inside = rest >= 0
-    for stride, size in sorted(((st, n) for st, n in zip(x.stride(), x.shape) if n > 1), reverse=True):
+    for stride, size in sorted(
+        ((st, n) for st, n in zip(x.stride(), x.shape) if n > 1), reverse=True
+    ):
         index = torch.clamp(torch.div(rest, stride, rounding_mode="floor"), 0, size - 1)
         rest = rest - index * stride
     return inside & (rest == 0)
@@ -53,8 +56,8 @@ def _storage_start(x: torch.Tensor) -> int:
 
 
 def _shares_memory(x: torch.Tensor, offsets, y: torch.Tensor) -> bool:
-    """Whether elements of ``x`` at ``offsets()`` (a callable, evaluated only if needed) lie in ``y``'s
-    memory. Different element sizes over one byte range count as shared."""
+    """Whether elements of ``x`` at ``offsets()`` (a callable, evaluated only if needed) lie in
+    ``y``'s memory. Different element sizes over one byte range count as shared."""
     if x.numel() == 0 or y.numel() == 0 or "meta" in (x.device.type, y.device.type):
         return False
     if x.device != y.device or _storage_start(x) != _storage_start(y):
@@ -73,15 +76,19 @@ def _shares_memory(x: torch.Tensor, offsets, y: torch.Tensor) -> bool:
 
 
 def _require_writable(name: str, x: torch.Tensor) -> None:
-    """``x`` is written in place: it must not have elements that share memory, nor require grad while
-    grad mode is on (PyTorch refuses in-place writes there, and so does FA3's op)."""
+    """``x`` is written in place: it must not have elements that share memory, nor require grad
+    while grad mode is on (PyTorch refuses in-place writes there, and so does FA3's op)."""
     if x.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{name} requires grad, but the call writes it in place; pass a tensor that "
-                         f"does not require grad (e.g. {name}.detach())")
+        raise ValueError(
+            f"{name} requires grad, but the call writes it in place; pass a tensor that "
+            f"does not require grad (e.g. {name}.detach())"
+        )
     if not _non_overlapping(x):
-        raise ValueError(f"{name} has elements that share memory (e.g. a stride-0 view from expand), "
-                         f"but the call writes it in place; pass a tensor with its own memory per "
-                         f"element (e.g. {name}.contiguous())")
+        raise ValueError(
+            f"{name} has elements that share memory (e.g. a stride-0 view from expand), "
+            f"but the call writes it in place; pass a tensor with its own memory per "
+            f"element (e.g. {name}.contiguous())"
+        )
 
 
 def _storage_starts(arguments: dict) -> dict:
@@ -90,13 +97,19 @@ def _storage_starts(arguments: dict) -> dict:
 
 
 def _require_unshared(name: str, offsets, arguments: dict, starts: dict) -> None:
-    """The elements of argument ``name`` the call writes (``offsets()``) must not be memory of another
-    argument; ``starts`` maps the tensor arguments to their :func:`_storage_start`."""
+    """The elements of argument ``name`` the call writes (``offsets()``) must not be memory of
+    another argument; ``starts`` maps the tensor arguments to their :func:`_storage_start`."""
     x = arguments[name]
     for other_name, start in starts.items():
-        if other_name != name and start == starts.get(name) and _shares_memory(x, offsets, arguments[other_name]):
-            raise ValueError(f"{name} shares memory with {other_name}, and the call writes {name}: "
-                             f"pass tensors that do not overlap")
+        if (
+            other_name != name
+            and start == starts.get(name)
+            and _shares_memory(x, offsets, arguments[other_name])
+        ):
+            raise ValueError(
+                f"{name} shares memory with {other_name}, and the call writes {name}: "
+                f"pass tensors that do not overlap"
+            )
 
 
 def _cache_write_offsets(cache: torch.Tensor, page_table, rows, starts, lens) -> torch.Tensor:
@@ -109,4 +122,6 @@ def _cache_write_offsets(cache: torch.Tensor, page_table, rows, starts, lens) ->
         tokens.append(major * cache.stride(0) + minor * cache.stride(1))
     heads = torch.arange(cache.shape[2]) * cache.stride(2)
     channels = torch.arange(cache.shape[3]) * cache.stride(3)
-    return (cache.storage_offset() + torch.cat(tokens)[:, None, None] + heads[:, None] + channels).flatten()
+    return (
+        cache.storage_offset() + torch.cat(tokens)[:, None, None] + heads[:, None] + channels
+    ).flatten()

@@ -1,8 +1,9 @@
-"""This distribution's other top-level packages, whatever their names are bound to in the user's environment.
+"""This distribution's other top-level packages, whatever their names are bound to in the user's
+environment.
 
 attn-ref ships three top-level packages: :mod:`attn_ref`, :mod:`kernels` and :mod:`errors`. The last
-two have generic names that other code can take: a user's own ``errors.py`` or ``kernels.py`` next to
-their script (the script's folder comes first on ``sys.path``), or Hugging Face's ``kernels``
+two have generic names that other code can take: a user's own ``errors.py`` or ``kernels.py`` next
+to their script (the script's folder comes first on ``sys.path``), or Hugging Face's ``kernels``
 distribution (the hub loader transformers uses). :func:`own_package` finds this distribution's
 package by its folder, beside ``attn_ref/``: when the name resolves to that folder it is imported as
 usual; otherwise the folder is loaded under a private name (``_attn_ref_own_kernels``), so both the
@@ -33,8 +34,8 @@ def private_name(name: str) -> str:
 def own_package(name: str) -> ModuleType:
     """This distribution's top-level package ``name`` (``"kernels"`` or ``"errors"``).
 
-    ``import name`` when that resolves to the folder ``DISTRIBUTION_ROOT / name``; else the folder is
-    loaded as the package :func:`private_name` ``(name)``. ``ImportError`` when the folder is not
+    ``import name`` when that resolves to the folder ``DISTRIBUTION_ROOT / name``; else the folder
+    is loaded as the package :func:`private_name` ``(name)``. ``ImportError`` when the folder is not
     there (another distribution installed into the same folder may have replaced its files).
     """
     folder = DISTRIBUTION_ROOT / name
@@ -46,7 +47,9 @@ def own_package(name: str) -> ModuleType:
         return sys.modules[private]
     if not init.is_file():
         raise ImportError(f"attn-ref's {name!r} package is missing: {init} does not exist")
-    spec = importlib.util.spec_from_file_location(private, init, submodule_search_locations=[str(folder)])
+    spec = importlib.util.spec_from_file_location(
+        private, init, submodule_search_locations=[str(folder)]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[private] = module
     try:
@@ -73,7 +76,8 @@ def owns_name(name: str) -> bool:
 
 
 class KernelsNameTaken(ImportError, NotImplementedError):
-    """The import name ``kernels`` is this distribution's Triton kernels, not Hugging Face's hub loader."""
+    """The import name ``kernels`` is this distribution's Triton kernels, not Hugging Face's hub
+    loader."""
 
 
 def check_hub_kernels() -> None:
@@ -81,17 +85,19 @@ def check_hub_kernels() -> None:
 
     transformers' ``use_kernels=True`` and ``attn_implementation="kernels-community/..."`` import
     Hugging Face's ``kernels`` distribution by that name. When the name resolves to this
-    distribution's :mod:`kernels` instead, transformers reports "`kernels` is either not installed or
-    uses an incompatible version" (and reads this distribution's version). This check raises the
-    same text (a :class:`KernelsNameTaken`, an ``ImportError``) before a model is loaded; its catalog
-    entry explains the clash (``python -m errors explain`` with the message pasted finds it).
+    distribution's :mod:`kernels` instead, transformers reports "`kernels` is either not installed
+    or uses an incompatible version" (and reads this distribution's version). This check raises the
+    same text (a :class:`KernelsNameTaken`, an ``ImportError``) before a model is loaded; its
+    catalog entry explains the clash (``python -m errors explain`` with the message pasted finds
+    it).
     """
     if not owns_name("kernels"):
         return
     from transformers.utils.import_utils import KERNELS_MAX_VERSION, KERNELS_MIN_VERSION
 
     raise KernelsNameTaken(
-        f"`kernels` is either not installed or uses an incompatible version. Please install a compatible "
+        "`kernels` is either not installed or uses an incompatible version. Please install a "
+        "compatible "
         f"version ({KERNELS_MIN_VERSION} <= version < {KERNELS_MAX_VERSION}), e.g. `pip install "
         f"kernels=={KERNELS_MIN_VERSION}`"
     )

@@ -17,14 +17,19 @@ import torch
 
 
 def apply_rotary(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, interleaved: bool
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    interleaved: bool,
 ) -> torch.Tensor:
-    """Rotate ``x (n, heads, dim)`` whose token ``t`` sits at ``positions[t]``; returns fp32 ``(n, heads, dim)``."""
+    """Rotate ``x (n, heads, dim)`` whose token ``t`` sits at ``positions[t]``; returns fp32 ``(n,
+    heads, dim)``."""
     half = cos.shape[1]
     c = cos[positions].float()[:, None, :]  # (n, 1, rd/2)
     s = sin[positions].float()[:, None, :]
     x = x.float()
-    rotated, rest = x[..., : 2 * half], x[..., 2 * half:]
+    rotated, rest = x[..., : 2 * half], x[..., 2 * half :]
     if interleaved:
         x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
         y = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)

@@ -16,20 +16,19 @@ phases share are in :mod:`attn_ref.argument_checks`; the checks of the memory th
 
 Compatibility rule (the drop-in rule): a call FA3 accepts is accepted here with the same result, and
 what FA3 ignores in a configuration is ignored here too, without a check: ``rotary_seqlens`` and
-``rotary_sin`` without ``rotary_cos``, ``v`` and ``cu_seqlens_k_new`` without ``k``, the fp8 descales
-for other dtypes. Option values get FA3's meaning: a negative window side is unbounded, a window
-side at least as long as the static lengths is unbounded, ``attention_chunk`` goes through ``int()``
-and ``<= 0`` is off, ``softcap <= 0`` (or NaN) is off and is used in float32, as FA3 does.
+``rotary_sin`` without ``rotary_cos``, ``v`` and ``cu_seqlens_k_new`` without ``k``, the fp8
+descales for other dtypes. Option values get FA3's meaning: a negative window side is unbounded, a
+window side at least as long as the static lengths is unbounded, ``attention_chunk`` goes through
+``int()`` and ``<= 0`` is off, ``softcap <= 0`` (or NaN) is off and is used in float32, as FA3 does.
 
 The result is a :class:`~attn_ref.call.KVCacheCall` (:mod:`attn_ref.call`): the resolved arguments
-plus the per-batch values, a :class:`~attn_ref.call.BatchTable` of device tensors computed with torch
-ops (:func:`~attn_ref.call.batch_table`, what the kernels read) and, after the value checks, the same
-table as Python ints (what the reference loops over).
+plus the per-batch values, a :class:`~attn_ref.call.BatchTable` of device tensors computed with
+torch ops (:func:`~attn_ref.call.batch_table`, what the kernels read) and, after the value checks,
+the same table as Python ints (what the reference loops over).
 
-Notation used in shapes: ``b`` batch, ``sq`` query length, ``h`` query heads, ``h_k`` key/value heads,
-``d`` q/k head dim, ``dv`` v head dim, ``P`` page size.
+Notation used in shapes: ``b`` batch, ``sq`` query length, ``h`` query heads, ``h_k`` key/value
+heads, ``d`` q/k head dim, ``dv`` v head dim, ``P`` page size.
 """
-
 
 from __future__ import annotations
 
@@ -41,30 +40,28 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .argument_checks import (
-    _default_scale,
     _flag,
     _float32,
-    _head_dim,
     _require_contiguous_last_dim,
     _require_cu_seqlens,
     _require_device,
     _require_dtype,
     _require_float,
     _require_float32_finite,
+    _require_heads_divide,
     _require_int,
     _require_int32_vector,
     _require_ndim,
     _require_real,
     _require_shape,
-    _require_heads_divide,
     _require_tensor,
 )
-from .call import MAX_NUM_SPLITS, SUPPORTED_DTYPES, KVCacheCall, batch_table, output_dtype
+from .call import MAX_NUM_SPLITS, SUPPORTED_DTYPES, KVCacheCall, output_dtype, resolve_call
 from .layout_hint import check_heads_first
 from .masks import AttentionMask
 from .overlap import _all_offsets, _require_unshared, _require_writable, _storage_starts
+from .sglang_checks import _sglang_caches, _sglang_q, _sglang_softmax_scale, _sglang_version
 from .value_checks import check_kvcache_values
-
 
 # --------------------------------------------------------------------------------------------------
 # The check: the phases in their order, then the values derived from them.
@@ -72,16 +69,38 @@ from .value_checks import check_kvcache_values
 
 
 def check_kvcache_args(
-    q: Optional[torch.Tensor], k_cache: Optional[torch.Tensor], v_cache: torch.Tensor, k: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
-    qv: Optional[torch.Tensor] = None, rotary_cos: Optional[torch.Tensor] = None, rotary_sin: Optional[torch.Tensor] = None,
-    cache_seqlens: Optional[Union[int, torch.Tensor]] = None, cache_batch_idx: Optional[torch.Tensor] = None,
-    cache_leftpad: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None, cu_seqlens_q: Optional[torch.Tensor] = None,
-    cu_seqlens_k_new: Optional[torch.Tensor] = None, max_seqlen_q: Optional[int] = None, rotary_seqlens: Optional[torch.Tensor] = None,
-    q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None,
-    softmax_scale: Optional[float] = None, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
-    attention_chunk: Optional[int] = None, softcap: float = 0.0, rotary_interleaved: bool = True,
-    num_splits: int = 0, only_qv: bool = False, sinks: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None, ver: int = 3,
-    return_softmax_lse: bool = False, value_checks: bool = True,
+    q: Optional[torch.Tensor],
+    k_cache: Optional[torch.Tensor],
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    qv: Optional[torch.Tensor] = None,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
+    cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    rotary_seqlens: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: Optional[int] = None,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    num_splits: int = 0,
+    only_qv: bool = False,
+    sinks: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    ver: int = 3,
+    return_softmax_lse: bool = False,
+    value_checks: bool = True,
 ) -> KVCacheCall:
     """Validate a ``flash_attn_with_kvcache`` call and resolve its arguments.
 
@@ -99,7 +118,9 @@ def check_kvcache_args(
     # 2a. This package's static checks.
     _check_only_qv(only_qv, qv)
     _check_dtypes(q, k_cache, v_cache)
-    layout = _check_shapes(q, k_cache, v_cache, page_table, cu_seqlens_q, max_seqlen_q, value_checks)
+    layout = _check_shapes(
+        q, k_cache, v_cache, page_table, cu_seqlens_q, max_seqlen_q, value_checks
+    )
     cache_batch_idx = _check_cache_batch_idx(cache_batch_idx, layout)
     v, cu_seqlens_k_new = _check_new_kv(k, v, cu_seqlens_k_new, cache_seqlens, layout, value_checks)
     _check_cache_lengths(cache_seqlens, cache_leftpad, layout)
@@ -111,17 +132,43 @@ def check_kvcache_args(
     softmax_scale, softcap = _check_scalars(softmax_scale, softcap)
     num_splits = _check_num_splits(num_splits)
     _check_out(out, q, layout)
-    arguments = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos,
-                     rotary_sin=rotary_sin, sinks=sinks, q_descale=q_descale, k_descale=k_descale,
-                     v_descale=v_descale, out=out)  # the tensors, for the memory the call writes
+    arguments = dict(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        k=k,
+        v=v,
+        qv=qv,
+        rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin,
+        sinks=sinks,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        out=out,
+    )  # the tensors, for the memory the call writes
     _check_written_memory(arguments)
     rotary_interleaved, return_softmax_lse = _check_flags(rotary_interleaved, return_softmax_lse)
-    # The derived values, in one place.
-    call = _resolve_call(
-        arguments, page_table, layout, mask, rotary, descales, cu_seqlens_q=cu_seqlens_q,
-        cache_batch_idx=cache_batch_idx, cu_seqlens_k_new=cu_seqlens_k_new, cache_seqlens=cache_seqlens,
-        cache_leftpad=cache_leftpad, softmax_scale=softmax_scale, softcap=softcap, only_qv=only_qv,
-        num_splits=num_splits, rotary_interleaved=rotary_interleaved, return_softmax_lse=return_softmax_lse)
+    # The derived values, in one place (attn_ref.call).
+    call = resolve_call(
+        arguments,
+        page_table,
+        layout,
+        mask,
+        rotary,
+        descales,
+        cu_seqlens_q=cu_seqlens_q,
+        cache_batch_idx=cache_batch_idx,
+        cu_seqlens_k_new=cu_seqlens_k_new,
+        cache_seqlens=cache_seqlens,
+        cache_leftpad=cache_leftpad,
+        softmax_scale=softmax_scale,
+        softcap=softcap,
+        only_qv=only_qv,
+        num_splits=num_splits,
+        rotary_interleaved=rotary_interleaved,
+        return_softmax_lse=return_softmax_lse,
+    )
     # 2b. The value checks.
     if not value_checks:
         return call
@@ -161,80 +208,10 @@ class _Rotary(NamedTuple):
     q_fixed_position: bool  # every query row at position P0 (FA3's FixedPosition), else P0 + i
 
 
-# ---- 0-1. sglang's checks --------------------------------------------------------------------------
-
-
-def _sglang_version(ver) -> None:
-    """sglang's ``ver != 3`` check (SGL-B), before everything else, for any ``ver``: a value whose
-    comparison fails (e.g. a multi-element tensor, an ambiguous truth value) is not 3."""
-    try:
-        three = not bool(ver != 3)
-    except (TypeError, ValueError, RuntimeError):
-        three = False
-    if not three:
-        raise ValueError(f"sgl_kernel.flash_attn only supports ver=3, got {ver!r}")
-
-
-def _sglang_caches(q, k_cache, v_cache, k, only_qv) -> tuple[torch.Tensor, bool]:
-    """sglang's cache checks: ``v_cache`` given, with a contiguous last dimension; ``only_qv`` (a truth
-    value there); ``k_cache``, which only ``only_qv`` may leave out, for sglang's placeholder
-    ``(*v_cache.shape[:-1], d)``, never read on that path (``d`` from q, else k, else 64), with a
-    contiguous last dimension. Returns ``(k_cache, only_qv)``."""
-    if v_cache is None:
-        raise ValueError("v_cache must be provided")
-    _require_tensor("v_cache", v_cache)
-    _require_contiguous_last_dim("v_cache", v_cache)
-    only_qv = _flag("only_qv", only_qv, none_is_false=True)
-    if k_cache is None:
-        if not only_qv:
-            raise ValueError("k_cache can only be None when only_qv=True")
-        source_name, source = ("q", q) if q is not None else ("k", k)
-        if source is not None:
-            _require_tensor(source_name, source)
-        k_head_size = _head_dim(source_name, source) if source is not None else 64
-        like = source if source is not None else v_cache
-        k_cache = torch.empty((*v_cache.shape[:-1], k_head_size), dtype=like.dtype, device=like.device)
-    _require_tensor("k_cache", k_cache)
-    _require_contiguous_last_dim("k_cache", k_cache)
-    return k_cache, only_qv
-
-
-def _sglang_q(q, qv, k_cache: torch.Tensor, only_qv: bool) -> torch.Tensor:
-    """sglang's q checks: only ``only_qv`` with a ``qv`` may leave q out, for sglang's dummy
-    ``(*qv.shape[:-1], k_cache's head dim)``, never read on that path. Returns q."""
-    if q is None:
-        if not only_qv:
-            raise ValueError("q can only be None when only_qv=True")
-        if qv is None:
-            raise ValueError("q must be provided unless qv is provided with only_qv=True")
-        _require_tensor("qv", qv)
-        q = torch.empty((*qv.shape[:-1], k_cache.shape[-1]), dtype=qv.dtype, device=qv.device)
-    _require_tensor("q", q)
-    return q
-
-
-def _sglang_softmax_scale(softmax_scale, q: torch.Tensor, qv, only_qv: bool):
-    """sglang's default for ``softmax_scale=None``: ``qv.shape[-1] ** -0.5`` with ``only_qv`` (which
-    needs qv), else ``(q.shape[-1] + qv.shape[-1]) ** -0.5`` (no qv: ``q.shape[-1] ** -0.5``).
-    A given value is returned as it is (:func:`_check_scalars` checks it)."""
-    if softmax_scale is not None:
-        return softmax_scale
-    if only_qv:
-        if qv is None:
-            raise ValueError("only_qv=True requires qv to be provided")
-        _require_tensor("qv", qv)
-        return _default_scale("qv.shape[-1]", _head_dim("qv", qv))
-    if qv is not None:
-        _require_tensor("qv", qv)
-    dims = _head_dim("q", q) + (_head_dim("qv", qv) if qv is not None else 0)
-    return _default_scale("q.shape[-1] + qv.shape[-1]" if qv is not None else "q.shape[-1]", dims)
-
-
-# ---- 2a. This package's static checks --------------------------------------------------------------
-
-
+# ---- 2a. This package's static checks ------------------------------------------------------------
 def _check_only_qv(only_qv: bool, qv) -> None:
-    """``only_qv`` needs qv (caught here when a given softmax_scale skipped sglang's default-scale check)."""
+    """``only_qv`` needs qv (caught here when a given softmax_scale skipped sglang's default-scale
+    check)."""
     if only_qv and qv is None:
         raise ValueError(
             "only_qv=True computes the scores from qv alone, so qv must be given "
@@ -251,21 +228,40 @@ def _check_dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         _require_device(name, x, q.device)
         _require_dtype(name, x, q.dtype)
-        _require_ndim(name, x, 4, "(batch_cache, seqlen_cache, h_k, dim) or (num_pages, P, h_k, dim)")
+        _require_ndim(
+            name, x, 4, "(batch_cache, seqlen_cache, h_k, dim) or (num_pages, P, h_k, dim)"
+        )
 
 
-def _check_shapes(q, k_cache, v_cache, page_table, cu_seqlens_q, max_seqlen_q, value_checks) -> _Layout:
+def _check_shapes(
+    q, k_cache, v_cache, page_table, cu_seqlens_q, max_seqlen_q, value_checks
+) -> _Layout:
     """The layout of q (:func:`_check_queries`), then of the caches (:func:`_check_caches`)."""
     varlen_q, seqlen_q, batch = _check_queries(q, cu_seqlens_q, max_seqlen_q, value_checks)
     page_size, capacity, batch_k = _check_caches(q, k_cache, v_cache, page_table)
-    return _Layout(device=q.device, dtype=q.dtype, varlen_q=varlen_q, seqlen_q=seqlen_q, batch=batch,
-                   num_heads=q.shape[-2], head_dim=q.shape[-1], num_heads_k=v_cache.shape[2],
-                   head_dim_v=v_cache.shape[3], page_size=page_size, capacity=capacity, batch_k=batch_k)
+    return _Layout(
+        device=q.device,
+        dtype=q.dtype,
+        varlen_q=varlen_q,
+        seqlen_q=seqlen_q,
+        batch=batch,
+        num_heads=q.shape[-2],
+        head_dim=q.shape[-1],
+        num_heads_k=v_cache.shape[2],
+        head_dim_v=v_cache.shape[3],
+        page_size=page_size,
+        capacity=capacity,
+        batch_k=batch_k,
+    )
 
 
-def _check_queries(q: torch.Tensor, cu_seqlens_q, max_seqlen_q, value_checks: bool) -> tuple[bool, int, int]:
-    """q is ``(b, sq, h, d)``, or ``(total_q, h, d)`` with ``cu_seqlens_q`` (its offsets checked, see
-    :func:`_require_cu_seqlens`) and ``max_seqlen_q``. Returns ``(varlen_q, sq or max_seqlen_q, b)``."""
+def _check_queries(
+    q: torch.Tensor, cu_seqlens_q, max_seqlen_q, value_checks: bool
+) -> tuple[bool, int, int]:
+    """q is ``(b, sq, h, d)``, or ``(total_q, h, d)`` with ``cu_seqlens_q`` (its offsets checked,
+    see
+    :func:`_require_cu_seqlens`) and ``max_seqlen_q``. Returns ``(varlen_q, sq or max_seqlen_q,
+    b)``."""
     if cu_seqlens_q is None:
         _require_ndim("q", q, 4, "(batch, seqlen_q, h, d)")
         return False, q.shape[1], q.shape[0]
@@ -279,14 +275,19 @@ def _check_queries(q: torch.Tensor, cu_seqlens_q, max_seqlen_q, value_checks: bo
     return True, static_sq, cu_seqlens_q.shape[0] - 1
 
 
-def _check_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table) -> tuple[int, int, int]:
-    """The caches are ``(batch_cache, seqlen_cache, h_k, d|dv)``, or paged ``(num_pages, page_size, h_k,
-    d|dv)`` with an int32 ``(batch_k, max_pages_per_seq)`` page table and ``page_size >= 1``; ``h_k``
-    divides ``h``. Returns ``(page_size or 0, capacity, batch_k)``."""
+def _check_caches(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table
+) -> tuple[int, int, int]:
+    """The caches are ``(batch_cache, seqlen_cache, h_k, d|dv)``, or paged ``(num_pages, page_size,
+    h_k, d|dv)`` with an int32 ``(batch_k, max_pages_per_seq)`` page table and ``page_size >= 1``;
+    ``h_k`` divides ``h``. Returns ``(page_size or 0, capacity, batch_k)``."""
     num_heads, head_dim, num_heads_k = q.shape[-2], q.shape[-1], v_cache.shape[2]
-    _require_shape("k_cache", k_cache, (*v_cache.shape[:3], head_dim), "(matching v_cache, with q's head dim)")
+    _require_shape(
+        "k_cache", k_cache, (*v_cache.shape[:3], head_dim), "(matching v_cache, with q's head dim)"
+    )
     if num_heads_k == 0 or num_heads % num_heads_k != 0:
-        check_heads_first(q, k_cache, page_table)  # the same rejection, with the fix when q looks (b, h, s, d)
+        # the same rejection, with the fix when q looks (b, h, s, d)
+        check_heads_first(q, k_cache, page_table)
     _require_heads_divide(num_heads, num_heads_k)
     if page_table is None:
         return 0, k_cache.shape[1], k_cache.shape[0]
@@ -304,15 +305,17 @@ def _check_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def _check_cache_batch_idx(cache_batch_idx, layout: _Layout):
-    """Which cache row (or page-table row) serves each batch entry: without ``cache_batch_idx`` there
-    must be one per entry. FA3 reads the first b entries of ``cache_batch_idx`` (it checks neither its
-    length nor its values): longer is fine, shorter is not. Returns those b entries (or None)."""
+    """Which cache row (or page-table row) serves each batch entry: without ``cache_batch_idx``
+    there must be one per entry. FA3 reads the first b entries of ``cache_batch_idx`` (it checks
+    neither its length nor its values): longer is fine, shorter is not. Returns those b entries (or
+    None)."""
     batch, batch_k = layout.batch, layout.batch_k
     if cache_batch_idx is None:
         if batch_k != batch:
             what = "page_table.shape[0]" if layout.paged else "k_cache.shape[0]"
             raise ValueError(
-                f"without cache_batch_idx, the batch size of q ({batch}) must equal {what} ({batch_k})"
+                f"without cache_batch_idx, the batch size of q ({batch}) must equal {what} "
+                f"({batch_k})"
             )
         return None
     _require_tensor("cache_batch_idx", cache_batch_idx)
@@ -322,38 +325,51 @@ def _check_cache_batch_idx(cache_batch_idx, layout: _Layout):
     return cache_batch_idx
 
 
-def _check_new_kv(k, v, cu_seqlens_k_new, cache_seqlens, layout: _Layout, value_checks: bool) -> tuple:
-    """New keys/values: k ``(b, seqlen_new, h_k, d)`` and v ``(.., dv)``, or ``(total_k_new, h_k, ..)``
-    with ``cu_seqlens_k_new`` (its offsets checked, see :func:`_require_cu_seqlens`), and
+def _check_new_kv(
+    k, v, cu_seqlens_k_new, cache_seqlens, layout: _Layout, value_checks: bool
+) -> tuple:
+    """New keys/values: k ``(b, seqlen_new, h_k, d)`` and v ``(.., dv)``, or ``(total_k_new, h_k,
+    ..)`` with ``cu_seqlens_k_new`` (its offsets checked, see :func:`_require_cu_seqlens`), and
     ``cache_seqlens`` to say where they go. FA3 ignores v and ``cu_seqlens_k_new`` without k.
     Returns ``(v, cu_seqlens_k_new)`` as the call reads them."""
     if k is None:
         return None, None
     if v is None:
-        raise ValueError("k and v must be given together (new keys and values to append), got only one")
+        raise ValueError(
+            "k and v must be given together (new keys and values to append), got only one"
+        )
     for name, x, dim in (("k", k, layout.head_dim), ("v", v, layout.head_dim_v)):
         _require_tensor(name, x)
         _require_device(name, x, layout.device)
         _require_dtype(name, x, layout.dtype)
         if cu_seqlens_k_new is not None:
             _require_ndim(name, x, 3, "(total_k_new, h_k, dim) when cu_seqlens_k_new is given")
-            _require_shape(name, x, (k.shape[0], layout.num_heads_k, dim), "(total_k_new, h_k, dim)")
+            _require_shape(
+                name, x, (k.shape[0], layout.num_heads_k, dim), "(total_k_new, h_k, dim)"
+            )
         else:
             _require_ndim(name, x, 4, "(batch, seqlen_new, h_k, dim)")
-            _require_shape(name, x, (layout.batch, k.shape[1], layout.num_heads_k, dim),
-                           "(batch, seqlen_new, h_k, dim)")
+            _require_shape(
+                name,
+                x,
+                (layout.batch, k.shape[1], layout.num_heads_k, dim),
+                "(batch, seqlen_new, h_k, dim)",
+            )
     if cache_seqlens is None:
         raise ValueError("cache_seqlens must be given when k and v are appended to the cache")
     if cu_seqlens_k_new is not None:
         _require_tensor("cu_seqlens_k_new", cu_seqlens_k_new)
         _require_device("cu_seqlens_k_new", cu_seqlens_k_new, layout.device)
-        _require_cu_seqlens("cu_seqlens_k_new", cu_seqlens_k_new, k.shape[0], "k.shape[0]", value_checks)
+        _require_cu_seqlens(
+            "cu_seqlens_k_new", cu_seqlens_k_new, k.shape[0], "k.shape[0]", value_checks
+        )
         _require_shape("cu_seqlens_k_new", cu_seqlens_k_new, (layout.batch + 1,), "(batch + 1,)")
     return v, cu_seqlens_k_new
 
 
 def _check_cache_lengths(cache_seqlens, cache_leftpad, layout: _Layout) -> None:
-    """``cache_seqlens`` (an int, not with varlen q) and ``cache_leftpad``: ``(b,)`` int32 tensors."""
+    """``cache_seqlens`` (an int, not with varlen q) and ``cache_leftpad``: ``(b,)`` int32
+    tensors."""
     if isinstance(cache_seqlens, int):
         if layout.varlen_q:
             raise ValueError(
@@ -366,7 +382,8 @@ def _check_cache_lengths(cache_seqlens, cache_leftpad, layout: _Layout) -> None:
 
 
 def _check_qv(qv, q: torch.Tensor, layout: _Layout) -> None:
-    """qv (MLA): q's shape with v's head dim, ``(b, sq, h, dv)`` or ``(total_q, h, dv)``; not with fp8."""
+    """qv (MLA): q's shape with v's head dim, ``(b, sq, h, dv)`` or ``(total_q, h, dv)``; not with
+    fp8."""
     if qv is None:
         return
     _require_tensor("qv", qv)
@@ -386,12 +403,14 @@ def _normalise_masks(window_size, causal, attention_chunk, layout: _Layout) -> A
     return mask.bounded(seqlen_q=layout.seqlen_q, seqlen_k=layout.capacity)
 
 
-def _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, k, mask: AttentionMask, layout: _Layout) -> _Rotary:
-    """Rotary embedding of the new keys (and of q): the cos/sin tables ``(seqlen_rotary, rotary_dim / 2)``,
-    only with new keys, ``rotary_dim`` a multiple of 16 within the head dim, a paged cache's every
-    position in the table (FA3's C++ check), ``rotary_seqlens`` ``(b,)`` int32. FA3 ignores
-    rotary_sin and rotary_seqlens without rotary_cos. The queries' positions follow the masks:
-    ``P0 + i`` in causal / local mode, else every row at ``P0`` (FA3's FixedPosition)."""
+def _check_rotary(
+    rotary_cos, rotary_sin, rotary_seqlens, k, mask: AttentionMask, layout: _Layout
+) -> _Rotary:
+    """Rotary embedding of the new keys (and of q): the cos/sin tables ``(seqlen_rotary, rotary_dim
+    / 2)``, only with new keys, ``rotary_dim`` a multiple of 16 within the head dim, a paged cache's
+    every position in the table (FA3's C++ check), ``rotary_seqlens`` ``(b,)`` int32. FA3 ignores
+    rotary_sin and rotary_seqlens without rotary_cos. The queries' positions follow the masks: ``P0
+    + i`` in causal / local mode, else every row at ``P0`` (FA3's FixedPosition)."""
     q_fixed = not mask.hides_keys
     if rotary_cos is None:
         return _Rotary(sin=None, seqlens=None, dim=0, q_fixed_position=q_fixed)
@@ -449,11 +468,15 @@ def _check_sinks(sinks, layout: _Layout) -> None:
 
 def _check_scalars(softmax_scale, softcap) -> tuple[float, float]:
     """``softmax_scale`` and ``softcap`` reach FA3's kernels as float32: real numbers, finite there;
-    ``softcap <= 0`` (and NaN) is off. Returns them as floats, softcap rounded to float32 (0 = off)."""
+    ``softcap <= 0`` (and NaN) is off. Returns them as floats, softcap rounded to float32 (0 =
+    off)."""
     softmax_scale = _require_real("softmax_scale", softmax_scale)
     _require_float32_finite("softmax_scale", softmax_scale)
-    if softcap is None:  # transformers' "off"; FA3's and sglang's ops reject None (a float argument)
-        raise TypeError("softcap must be a real number, got None: softcap=0.0 turns softcapping off")
+    # transformers' "off"; FA3's and sglang's ops reject None (a float argument)
+    if softcap is None:
+        raise TypeError(
+            "softcap must be a real number, got None: softcap=0.0 turns softcapping off"
+        )
     softcap = _require_real("softcap", softcap)
     softcap = 0.0 if math.isnan(softcap) or softcap <= 0 else softcap
     _require_float32_finite("softcap", softcap)
@@ -461,8 +484,13 @@ def _check_scalars(softmax_scale, softcap) -> tuple[float, float]:
 
 
 def _check_num_splits(num_splits) -> int:
-    """An int at most :data:`MAX_NUM_SPLITS`. Returns it with every value <= 0 as 0 (the heuristic)."""
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits > MAX_NUM_SPLITS:
+    """An int at most :data:`MAX_NUM_SPLITS`. Returns it with every value <= 0 as 0 (the
+    heuristic)."""
+    if (
+        isinstance(num_splits, bool)
+        or not isinstance(num_splits, numbers.Integral)
+        or num_splits > MAX_NUM_SPLITS
+    ):
         raise ValueError(
             f"num_splits must be an int <= {MAX_NUM_SPLITS} (<= 0 = heuristic, 1 = no split), "
             f"got {num_splits!r}"
@@ -484,8 +512,8 @@ def _check_out(out, q: torch.Tensor, layout: _Layout) -> None:
 
 def _check_written_memory(arguments: dict) -> None:
     """The memory the call writes: the caches when it appends (:func:`_require_writable`; where the
-    appended slots lie needs the value checks, :func:`_check_writes_unshared`), and ``out``, which must
-    not share memory with another argument. ``arguments``: the tensor arguments by name."""
+    appended slots lie needs the value checks, :func:`_check_writes_unshared`), and ``out``, which
+    must not share memory with another argument. ``arguments``: the tensor arguments by name."""
     k, out = arguments["k"], arguments["out"]
     if k is not None and k.shape[:-2].numel() > 0:  # appending (KVCacheCall.appending)
         for name in ("k_cache", "v_cache"):
@@ -497,35 +525,7 @@ def _check_written_memory(arguments: dict) -> None:
 
 def _check_flags(rotary_interleaved, return_softmax_lse) -> tuple[bool, bool]:
     """The two bool options read last (:func:`_flag`; ``return_softmax_lse=None`` is False)."""
-    return (_flag("rotary_interleaved", rotary_interleaved),
-            _flag("return_softmax_lse", return_softmax_lse, none_is_false=True))
-
-
-def _resolve_call(arguments: dict, page_table, layout: _Layout, mask: AttentionMask, rotary: _Rotary, descales: tuple, *,
-                  cu_seqlens_q, cache_batch_idx, cu_seqlens_k_new, cache_seqlens, cache_leftpad,
-                  softmax_scale: float, softcap: float, only_qv: bool, num_splits: int,
-                  rotary_interleaved: bool, return_softmax_lse: bool) -> KVCacheCall:
-    """The checked call as a :class:`KVCacheCall`, with the values derived from several arguments,
-    computed here only: the per-batch table (:func:`batch_table`), the static bound on ``Sq_i`` and
-    whether the KV is empty. ``arguments``: the tensor arguments by name (v None without k)."""
-    q, k, k_cache, rotary_cos = arguments["q"], arguments["k"], arguments["k_cache"], arguments["rotary_cos"]
-    table = batch_table(layout.batch, layout.device, layout.seqlen_q, cu_seqlens_q, cache_batch_idx, k,
-                        cu_seqlens_k_new, cache_seqlens, layout.capacity, cache_leftpad, rotary.seqlens)
-    # FA3 skips the kernel when q's batch x k_cache.shape[1] + new tokens == 0 ("zero-length KV":
-    # out 0, lse +inf). With a page table shape[1] is the page size (>= 1), so paged KV is never empty.
-    total_new = k.shape[:-2].numel() if k is not None else 0
-    q_descale, k_descale, v_descale = descales
-    return KVCacheCall(
-        q=q, k_cache=k_cache, v_cache=arguments["v_cache"], k=k, v=arguments["v"], qv=arguments["qv"],
-        rotary_cos=rotary_cos, rotary_sin=rotary.sin, page_table=page_table,
-        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-        sinks=arguments["sinks"], out=arguments["out"],
-        batch_size=layout.batch, num_heads=layout.num_heads, num_heads_k=layout.num_heads_k,
-        head_dim=layout.head_dim, head_dim_v=layout.head_dim_v, varlen_q=layout.varlen_q,
-        seqlen_q_bound=min(max(layout.seqlen_q, 0), q.shape[0]) if layout.varlen_q else layout.seqlen_q,
-        batch=table, page_size=layout.page_size, capacity=layout.capacity,
-        softmax_scale=softmax_scale, mask=mask, softcap=softcap, rotary_interleaved=rotary_interleaved,
-        rotary_dim=rotary.dim, rotary_q_fixed_position=rotary.q_fixed_position, only_qv=only_qv,
-        return_softmax_lse=return_softmax_lse, num_splits=num_splits,
-        empty_kv=k_cache.shape[1] == 0 and total_new == 0,
+    return (
+        _flag("rotary_interleaved", rotary_interleaved),
+        _flag("return_softmax_lse", return_softmax_lse, none_is_false=True),
     )

@@ -21,7 +21,9 @@ from .overlap import _cache_write_offsets, _require_unshared, _storage_starts
 from .paged import flat_slot_index
 
 
-def check_kvcache_values(call: KVCacheCall, arguments: dict, max_seqlen_q, batch_k: int) -> KVCacheCall:
+def check_kvcache_values(
+    call: KVCacheCall, arguments: dict, max_seqlen_q, batch_k: int
+) -> KVCacheCall:
     """The value checks of a statically checked call (phase 2b of
     :func:`~attn_ref.validation.check_kvcache_args`), in this order; they read the index tensors
     (and, with a huge ``softmax_scale``, the data) back to the host. Returns ``call`` with
@@ -44,7 +46,8 @@ def check_kvcache_values(call: KVCacheCall, arguments: dict, max_seqlen_q, batch
 
 
 def _check_max_seqlen_q(call: KVCacheCall, max_seqlen_q) -> None:
-    """With varlen q, no sequence of ``cu_seqlens_q`` is longer than ``max_seqlen_q`` (the static bound)."""
+    """With varlen q, no sequence of ``cu_seqlens_q`` is longer than ``max_seqlen_q`` (the static
+    bound)."""
     seqlens_q = call.batch_host.seqlens_q
     if call.varlen_q and max(seqlens_q, default=0) > call.seqlen_q_bound:
         raise ValueError(
@@ -71,12 +74,18 @@ def _check_cache_extents(call: KVCacheCall) -> None:
 
 
 def _check_pages(call: KVCacheCall) -> None:
-    """The pages an entry touches (the first ``ceil((C_i + N_i) / P)`` of its page-table row) exist."""
+    """The pages an entry touches (the first ``ceil((C_i + N_i) / P)`` of its page-table row)
+    exist."""
     if call.page_table is None:
         return
     rows, batch = call.page_table.tolist(), call.batch_host
-    used = [p for i in range(call.batch_size)
-            for p in rows[batch.cache_rows[i]][: -(-(batch.cache_seqlens[i] + batch.new_lens[i]) // call.page_size)]]
+    used = [
+        p
+        for i in range(call.batch_size)
+        for p in rows[batch.cache_rows[i]][
+            : -(-(batch.cache_seqlens[i] + batch.new_lens[i]) // call.page_size)
+        ]
+    ]
     _require_index_range("page_table", used, 0, call.k_cache.shape[0])
 
 
@@ -86,11 +95,17 @@ def _check_write_conflicts(call: KVCacheCall) -> None:
         return
     table = call.page_table.cpu() if call.page_table is not None else None
     batch = call.batch_host
-    written = torch.cat([
-        flat_slot_index(call.k_cache, batch.cache_rows[i],
-                        torch.arange(batch.cache_seqlens[i], batch.cache_seqlens[i] + batch.new_lens[i]), table)
-        for i in range(call.batch_size)
-    ])
+    written = torch.cat(
+        [
+            flat_slot_index(
+                call.k_cache,
+                batch.cache_rows[i],
+                torch.arange(batch.cache_seqlens[i], batch.cache_seqlens[i] + batch.new_lens[i]),
+                table,
+            )
+            for i in range(call.batch_size)
+        ]
+    )
     if written.unique().numel() != written.numel():
         raise ValueError(
             "two batch entries would write the same cache slot (duplicate cache_batch_idx "
@@ -99,15 +114,17 @@ def _check_write_conflicts(call: KVCacheCall) -> None:
 
 
 def _check_rotary_rows(call: KVCacheCall) -> None:
-    """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + s_q - 1``
-    unless the queries' position is fixed) for the queries."""
+    """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + s_q -
+    1`` unless the queries' position is fixed) for the queries."""
     rotary_cos, batch = call.rotary_cos, call.batch_host
     rotary_starts = batch.rotary_starts
     if rotary_cos is None:
         return
     for i in range(call.batch_size):
         seqlen_q, new_len = batch.seqlens_q[i], batch.new_lens[i]
-        q_rows = 0 if call.only_qv or seqlen_q == 0 else 1 if call.rotary_q_fixed_position else seqlen_q
+        q_rows = (
+            0 if call.only_qv or seqlen_q == 0 else 1 if call.rotary_q_fixed_position else seqlen_q
+        )
         if max(new_len, q_rows) == 0:
             continue
         if rotary_starts[i] < 0:  # would wrap to the table's last rows (PyTorch) or read before it
@@ -131,29 +148,45 @@ def _require_finite_logits(call: KVCacheCall) -> None:
         return
 
     def largest(*tensors):
-        found = [t[i].float().abs().max().item() for t in tensors if t is not None for i in range(t.shape[0])
-                 if t[i].numel()]
+        found = [
+            t[i].float().abs().max().item()
+            for t in tensors
+            if t is not None
+            for i in range(t.shape[0])
+            if t[i].numel()
+        ]
         return max(found, default=0.0)
 
     growth = (2.0 if call.rotary_cos is not None else 1.0) ** 2
-    for d in ((call.q_descale, call.k_descale) if call.is_fp8 else ()):
+    for d in (call.q_descale, call.k_descale) if call.is_fp8 else ():
         growth *= largest(d) if d is not None else 1.0
-    bound = 0.0 if call.only_qv else call.q.shape[-1] * largest(call.q) * largest(call.k_cache, call.k) * growth
+    bound = (
+        0.0
+        if call.only_qv
+        else call.q.shape[-1] * largest(call.q) * largest(call.k_cache, call.k) * growth
+    )
     if call.qv is not None:
         bound += call.qv.shape[-1] * largest(call.qv) * largest(call.v_cache, call.v)
     bound *= abs(scale)
     if bound > FLOAT32_MAX / 4:  # margin for the base-2 logits and the log-sum-exp
-        raise ValueError(f"softmax_scale={scale!r} can make the logits overflow float32 for these inputs "
-                         f"(|softmax_scale · q·k| up to {bound:.3g}); use a smaller softmax_scale")
+        raise ValueError(
+            f"softmax_scale={scale!r} can make the logits overflow float32 for these inputs "
+            f"(|softmax_scale · q·k| up to {bound:.3g}); use a smaller softmax_scale"
+        )
 
 
 def _check_writes_unshared(call: KVCacheCall, arguments: dict) -> None:
-    """The appended cache slots (:func:`_cache_write_offsets`) are not memory of another argument."""
+    """The appended cache slots (:func:`_cache_write_offsets`) are not memory of another
+    argument."""
     if not call.appending:
         return
     starts = _storage_starts(arguments)
     for name in ("k_cache", "v_cache"):
         offsets = lambda cache=arguments[name]: _cache_write_offsets(  # noqa: E731
-            cache, call.page_table, call.batch_host.cache_rows, call.batch_host.cache_seqlens,
-            call.batch_host.new_lens)
+            cache,
+            call.page_table,
+            call.batch_host.cache_rows,
+            call.batch_host.cache_seqlens,
+            call.batch_host.new_lens,
+        )
         _require_unshared(name, offsets, arguments, starts)

@@ -1,4 +1,5 @@
-"""CPU suite: ``attn_ref.flash_attn_with_kvcache`` against torch SDPA at its best on the same problems.
+"""CPU suite: ``attn_ref.flash_attn_with_kvcache`` against torch SDPA at its best on the same
+problems.
 
 For each problem (:mod:`benchmarks.problems`, fp32: the reference's own math, and SDPA's fastest
 dtype on this CPU):
@@ -30,15 +31,17 @@ import torch.nn.functional as F
 
 import attn_ref
 
-from .memory import METHOD as MEMORY
 from .memory import peak_extra_bytes
 from .problems import KVCacheInputs, Problem, decode, dense_kv, make_inputs, prefill, sdpa_mask
 
 DTYPE = "float32"
 #: Calls slower than this (seconds) get 5 timed repetitions instead of 7.
 SLOW_CALL_S = 2.0
-TIMING = ("median of 7 interleaved time.perf_counter calls (5 when the reference's warm-up call took over "
-          f"{SLOW_CALL_S:g} s; quick mode: 3), after one warm-up call each")
+TIMING = (
+    "median of 7 interleaved time.perf_counter calls (5 when the reference's warm-up call took "
+    "over "
+    f"{SLOW_CALL_S:g} s; quick mode: 3), after one warm-up call each"
+)
 #: Largest reference / baseline time ratio allowed, on every decode and prefill case.
 RATIO_TARGET = 2.0
 
@@ -47,11 +50,18 @@ def problems(quick: bool) -> list[Problem]:
     """Decode: b=8, 32/8 heads, d=128, page 64, contexts 1k..32k, and ragged lengths up to 8k.
     Prefill: b=1, causal, 512..4k. All fp32."""
     if quick:
-        return [decode(8, 256, DTYPE), decode(8, 512, DTYPE, ragged=True), prefill(1, 128, DTYPE),
-                prefill(1, 256, DTYPE)]
+        return [
+            decode(8, 256, DTYPE),
+            decode(8, 512, DTYPE, ragged=True),
+            prefill(1, 128, DTYPE),
+            prefill(1, 256, DTYPE),
+        ]
     contexts = (1024, 2048, 4096, 8192, 16384, 32768)
-    return ([decode(8, c, DTYPE) for c in contexts] + [decode(8, 8192, DTYPE, ragged=True)]
-            + [prefill(1, s, DTYPE) for s in (512, 1024, 2048, 4096)])
+    return (
+        [decode(8, c, DTYPE) for c in contexts]
+        + [decode(8, 8192, DTYPE, ragged=True)]
+        + [prefill(1, s, DTYPE) for s in (512, 1024, 2048, 4096)]
+    )
 
 
 def run(quick: bool) -> Iterator[dict]:
@@ -60,52 +70,87 @@ def run(quick: bool) -> Iterator[dict]:
         yield measure(problem, quick)
 
 
-def baselines(problem: Problem, inputs: KVCacheInputs) -> dict[str, tuple[Callable[[], torch.Tensor], str, int]]:
-    """The SDPA calls of the problem, by name: ``(call () -> (b, sq, h, d), its exact call, input bytes)``,
-    every input made here, before any timer starts."""
+def baselines(
+    problem: Problem, inputs: KVCacheInputs
+) -> dict[str, tuple[Callable[[], torch.Tensor], str, int]]:
+    """The SDPA calls of the problem, by name: ``(call () -> (b, sq, h, d), its exact call, input
+    bytes)``, every input made here, before any timer starts."""
     q = inputs.q.transpose(1, 2).contiguous()  # (b, h, sq, d)
     k, v = dense_kv(inputs, problem.seqlen_k, expand_gqa=False)  # (b, h_k, sk, d) each
     if not problem.ragged:
-        call = (f"F.scaled_dot_product_attention(q, k, v, is_causal={problem.causal}, enable_gqa=True)  "
-                "# q (b, h, sq, d), K/V (b, h_k, sk, d) contiguous")
-        return {"sdpa": (
-            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, enable_gqa=True).transpose(1, 2),
-            call, q.nbytes + k.nbytes + v.nbytes)}
+        call = (
+            f"F.scaled_dot_product_attention(q, k, v, is_causal={problem.causal}, enable_gqa=True) "
+            " "
+            "# q (b, h, sq, d), K/V (b, h_k, sk, d) contiguous"
+        )
+        return {
+            "sdpa": (
+                lambda: F.scaled_dot_product_attention(
+                    q, k, v, is_causal=problem.causal, enable_gqa=True
+                ).transpose(1, 2),
+                call,
+                q.nbytes + k.nbytes + v.nbytes,
+            )
+        }
     mask = sdpa_mask(problem, "cpu")  # (b, 1, sq, sk) bool: each sequence's keys
     lengths = problem.seqlens_k()
-    per_sequence = [(q[i:i + 1], k[i:i + 1, :, :n].contiguous(), v[i:i + 1, :, :n].contiguous())
-                    for i, n in enumerate(lengths)]  # (1, h, sq, d), (1, h_k, n_i, d) each
+    per_sequence = [
+        (q[i : i + 1], k[i : i + 1, :, :n].contiguous(), v[i : i + 1, :, :n].contiguous())
+        for i, n in enumerate(lengths)
+    ]  # (1, h, sq, d), (1, h_k, n_i, d) each
     return {
         "sdpa_masked": (
-            lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2),
+            lambda: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=True
+            ).transpose(1, 2),
             "F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  "
             "# K/V padded to the longest sequence, mask (b, 1, sq, sk) bool",
-            q.nbytes + k.nbytes + v.nbytes + mask.nbytes),
+            q.nbytes + k.nbytes + v.nbytes + mask.nbytes,
+        ),
         "sdpa_per_sequence": (
-            lambda: torch.cat([F.scaled_dot_product_attention(qi, ki, vi, is_causal=problem.causal, enable_gqa=True)
-                               for qi, ki, vi in per_sequence]).transpose(1, 2),
-            f"torch.cat([F.scaled_dot_product_attention(q_i, k_i, v_i, is_causal={problem.causal}, enable_gqa=True) "
+            lambda: torch.cat(
+                [
+                    F.scaled_dot_product_attention(
+                        qi, ki, vi, is_causal=problem.causal, enable_gqa=True
+                    )
+                    for qi, ki, vi in per_sequence
+                ]
+            ).transpose(1, 2),
+            f"torch.cat([F.scaled_dot_product_attention(q_i, k_i, v_i, is_causal={problem.causal}, "
+            "enable_gqa=True) "
             "for q_i, k_i, v_i in per_sequence])  # K/V of each sequence's own length",
-            sum(t.nbytes for seq in per_sequence for t in seq)),
+            sum(t.nbytes for seq in per_sequence for t in seq),
+        ),
     }
 
 
 def measure(problem: Problem, quick: bool) -> dict:
-    """One case record: per-provider median time, throughput, ratio to the baseline and peak memory."""
+    """One case record: per-provider median time, throughput, ratio to the baseline and peak
+    memory."""
     inputs = make_inputs(problem, "cpu")
     sdpa = baselines(problem, inputs)
     calls: dict[str, Callable[[], torch.Tensor]] = {
         "attn_ref": lambda: attn_ref.flash_attn_with_kvcache(**inputs.kwargs()),  # (b, sq, h, d)
         **{name: fn for name, (fn, _, _) in sdpa.items()},
     }
-    described = {"attn_ref": "attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, page_table=page_table, "
-                             f"cache_seqlens=cache_seqlens, causal={problem.causal})"}
+    described = {
+        "attn_ref": "attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, page_table=page_table, "
+        f"cache_seqlens=cache_seqlens, causal={problem.causal})"
+    }
     described |= {name: call for name, (_, call, _) in sdpa.items()}
-    input_bytes = {"attn_ref": inputs.nbytes(), **{name: size for name, (_, _, size) in sdpa.items()}}
+    input_bytes = {
+        "attn_ref": inputs.nbytes(),
+        **{name: size for name, (_, _, size) in sdpa.items()},
+    }
     start = time.perf_counter()
     reference = calls["attn_ref"]().float()
     slow = time.perf_counter() - start > SLOW_CALL_S
-    diffs = {"attn_ref": 0.0, **{name: (fn().float() - reference).abs().max().item() for name, (fn, _, _) in sdpa.items()}}
+    diffs = {
+        "attn_ref": 0.0,
+        **{
+            name: (fn().float() - reference).abs().max().item() for name, (fn, _, _) in sdpa.items()
+        },
+    }
     del reference
     times = interleaved_times(calls, 3 if quick else 5 if slow else 7)
     medians = {name: statistics.median(t) for name, t in times.items()}
@@ -148,23 +193,33 @@ def interleaved_times(calls: dict[str, Callable[[], object]], reps: int) -> dict
 
 
 def targets(cases: list[dict]) -> list[dict]:
-    """The CPU targets: reference within 2x of the fastest SDPA call on every decode and prefill case;
-    a 32k context that runs."""
+    """The CPU targets: reference within 2x of the fastest SDPA call on every decode and prefill
+    case; a 32k context that runs."""
     found = []
     for case in cases:
         if case["suite"] not in ("decode", "prefill"):
             continue
         ratio = case["providers"]["attn_ref"]["time_ratio_vs_baseline"]
-        found.append({
-            "name": f"{case['suite']} {case['label']}: attn_ref time / {case.get('baseline', 'sdpa')} time "
-                    f"<= {RATIO_TARGET}",
-            "value": ratio,
-            "met": ratio <= RATIO_TARGET,
-        })
+        found.append(
+            {
+                "name": f"{case['suite']} {case['label']}: attn_ref time / "
+                f"{case.get('baseline', 'sdpa')} time <= {RATIO_TARGET}",
+                "value": ratio,
+                "met": ratio <= RATIO_TARGET,
+            }
+        )
     long = [c for c in cases if c["suite"] == "decode" and c["shape"]["seqlen_k"] >= 32768]
     if long:
-        peak = max(c["providers"]["attn_ref"]["input_bytes"] + (c["providers"]["attn_ref"]["peak_extra_bytes"] or 0)
-                   for c in long)
-        found.append({"name": "decode with a 32k context runs in memory (inputs + peak extra, bytes)",
-                      "value": peak, "met": True})
+        peak = max(
+            c["providers"]["attn_ref"]["input_bytes"]
+            + (c["providers"]["attn_ref"]["peak_extra_bytes"] or 0)
+            for c in long
+        )
+        found.append(
+            {
+                "name": "decode with a 32k context runs in memory (inputs + peak extra, bytes)",
+                "value": peak,
+                "met": True,
+            }
+        )
     return found

@@ -1,17 +1,18 @@
-"""GPU backward suite: ``kernels.attention_backward`` against torch SDPA's backward, on a CUDA device.
+"""GPU backward suite: ``kernels.attention_backward`` against torch SDPA's backward, on a CUDA
+device.
 
 Usage: ``python -m benchmarks.gpu_backward --out DIR [--quick]``; writes ``DIR/backward.json`` and
-``DIR/backward.md`` (the table of :func:`benchmarks.record.markdown`) and prints the table. Without a
-CUDA device, or under the Triton interpreter, it exits with a message and writes nothing.
+``DIR/backward.md`` (the table of :func:`benchmarks.record.markdown`) and prints the table. Without
+a CUDA device, or under the Triton interpreter, it exits with a message and writes nothing.
 
 Cases: bf16, ``B = 1``, ``H = 32`` query heads sharing ``Hkv = 8`` KV heads, ``D = 128``,
 ``S = 1k / 4k / 8k`` (``--quick``: 1k only), causal and full. Figures:
 
 * **TFLOP/s** with FlashAttention's count for the backward, 2.5x the forward's
-  ``4 · B · H · Sq · Sk · D`` (five matmuls of ``2 · Sq · Sk · D`` against the forward's two), halved
-  for causal: :func:`backward_flops`.
-* **bytes** (logical, for the roofline column): q, out, dO and dq (``B · S · H · D`` each), k, v, dk, dv
-  (``B · S · Hkv · D`` each) at 2 bytes, and the fp32 LSE.
+  ``4 · B · H · Sq · Sk · D`` (five matmuls of ``2 · Sq · Sk · D`` against the forward's two),
+  halved for causal: :func:`backward_flops`.
+* **bytes** (logical, for the roofline column): q, out, dO and dq (``B · S · H · D`` each), k, v,
+  dk, dv (``B · S · Hkv · D`` each) at 2 bytes, and the fp32 LSE.
 
 Providers see the same logical problem and time the backward alone (the forward runs once, before):
 
@@ -20,8 +21,8 @@ Providers see the same logical problem and time the backward alone (the forward 
   accumulation, gradients returned in bf16;
 * ``sdpa_flash`` (the baseline): ``torch.autograd.grad`` through ``F.scaled_dot_product_attention``
   run under ``SDPBackend.FLASH_ATTENTION`` with ``enable_gqa=True``; if that backend refuses GQA, on
-  K/V with the KV heads repeated ahead of time, the timed call then including the sum of ``dk``/``dv``
-  over each group (``setup`` says which).
+  K/V with the KV heads repeated ahead of time, the timed call then including the sum of
+  ``dk``/``dv`` over each group (``setup`` says which).
 
 Timing is :func:`benchmarks.gpu.cuda_time` (CUDA graph replay, ``do_bench`` median, cold L2; eager
 if the call cannot be captured, and ``method`` says which). ``max_abs_diff_vs_attn_ref`` is the
@@ -48,7 +49,10 @@ SUITE = "backward"
 BASELINE = "sdpa_flash"
 SEQLENS = (1024, 4096, 8192)
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
-TIMING = "benchmarks.gpu.cuda_time: CUDA graph replay (or eager) timed by do_bench median, L2 zeroed before each call"
+TIMING = (
+    "benchmarks.gpu.cuda_time: CUDA graph replay (or eager) timed by do_bench median, "
+    "L2 zeroed before each call"
+)
 
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dq [B, S, H, D], dk, dv [B, S, Hkv, D]
 
@@ -69,19 +73,31 @@ class BackwardProblem:
         return f"S={self.seqlen} {'causal' if self.causal else 'full'}"
 
     def shape(self) -> dict:
-        return {"batch": self.batch, "seqlen": self.seqlen, "heads_q": self.heads, "heads_kv": self.kv_heads,
-                "head_dim": self.head_dim, "causal": self.causal, "dtype": "bfloat16"}
+        return {
+            "batch": self.batch,
+            "seqlen": self.seqlen,
+            "heads_q": self.heads,
+            "heads_kv": self.kv_heads,
+            "head_dim": self.head_dim,
+            "causal": self.causal,
+            "dtype": "bfloat16",
+        }
 
     def flops(self) -> int:
-        return backward_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
+        return backward_flops(
+            self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal
+        )
 
     def bytes_moved(self) -> int:
-        """q, out, dO, dq and k, v, dk, dv at 2 bytes, and the fp32 LSE (see the module docstring)."""
+        """q, out, dO, dq and k, v, dk, dv at 2 bytes, and the fp32 LSE (see the module
+        docstring)."""
         b, s, d = self.batch, self.seqlen, self.head_dim
         return 2 * 4 * b * s * (self.heads + self.kv_heads) * d + 4 * b * s * self.heads
 
 
-def backward_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> int:
+def backward_flops(
+    batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool
+) -> int:
     """FlashAttention's backward count: ``2.5 · 4 · B · H · Sq · Sk · D``, halved for causal."""
     flops = 10 * batch * heads * seqlen_q * seqlen_k * head_dim  # 2.5 · 4 = 10
     return flops // 2 if causal else flops
@@ -116,10 +132,16 @@ def make_saved_forward(problem: BackwardProblem, device: str, seed: int = 0) -> 
     def randn(heads: int) -> torch.Tensor:
         return torch.randn(b, s, heads, d, generator=gen, device=device).to(torch.bfloat16)
 
-    q, k, v, dout = randn(problem.heads), randn(problem.kv_heads), randn(problem.kv_heads), randn(problem.heads)
-    scale = d ** -0.5
-    out, lse, *_ = kernels.flash_attn_with_kvcache(q, k, v, softmax_scale=scale,
-                                                   causal=problem.causal, return_softmax_lse=True)
+    q, k, v, dout = (
+        randn(problem.heads),
+        randn(problem.kv_heads),
+        randn(problem.kv_heads),
+        randn(problem.heads),
+    )
+    scale = d**-0.5
+    out, lse, *_ = kernels.flash_attn_with_kvcache(
+        q, k, v, softmax_scale=scale, causal=problem.causal, return_softmax_lse=True
+    )
     return SavedForward(q, k, v, out, lse, dout, scale)
 
 
@@ -133,27 +155,42 @@ def kernels_call(problem: BackwardProblem, saved: SavedForward) -> tuple[Callabl
 
     s = saved
     mask = AttentionMask(causal=problem.causal)
-    return (lambda: kernels.attention_backward(s.dout, s.q, s.k, s.v, s.out, s.lse, s.scale, mask),
-            "kernels.attention_backward: preprocess + dK/dV + dQ kernels, fp32 accumulation, bf16 gradients")
+    return (
+        lambda: kernels.attention_backward(s.dout, s.q, s.k, s.v, s.out, s.lse, s.scale, mask),
+        "kernels.attention_backward: preprocess + dK/dV + dQ kernels, fp32 accumulation, bf16 "
+        "gradients",
+    )
 
 
-def sdpa_flash_call(problem: BackwardProblem, saved: SavedForward) -> tuple[Callable[[], Grads], str]:
+def sdpa_flash_call(
+    problem: BackwardProblem, saved: SavedForward
+) -> tuple[Callable[[], Grads], str]:
     """``torch.autograd.grad`` through SDPA's flash backend (forward run once, graph retained)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = (x.transpose(1, 2).detach().requires_grad_() for x in (saved.q, saved.k, saved.v))  # [B, H, S, D]
+    # [B, H, S, D]
+    q, k, v = (x.transpose(1, 2).detach().requires_grad_() for x in (saved.q, saved.k, saved.v))
     dout = saved.dout.transpose(1, 2)
     group = problem.heads // problem.kv_heads
     try:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, enable_gqa=True)
-        setup, leaves = "flash backend, enable_gqa=True, torch.autograd.grad of the retained graph", (q, k, v)
+        setup, leaves = (
+            "flash backend, enable_gqa=True, torch.autograd.grad of the retained graph",
+            (q, k, v),
+        )
     except RuntimeError:
         k, v = (x.detach().repeat_interleave(group, dim=1).requires_grad_() for x in (k, v))
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal)
-        setup, leaves = ("flash backend refused enable_gqa: K/V with the KV heads repeated, the group sum of "
-                         "dk/dv timed with the backward"), (q, k, v)
+        setup, leaves = (
+            (
+                "flash backend refused enable_gqa: K/V with the KV heads repeated, the group sum "
+                "of "
+                "dk/dv timed with the backward"
+            ),
+            (q, k, v),
+        )
 
     def backward() -> Grads:
         dq, dk, dv = torch.autograd.grad(out, leaves, dout, retain_graph=True)
@@ -165,11 +202,15 @@ def sdpa_flash_call(problem: BackwardProblem, saved: SavedForward) -> tuple[Call
 
 
 def builders(problem: BackwardProblem, saved: SavedForward) -> dict[str, Builder]:
-    return {"kernels": lambda: kernels_call(problem, saved), BASELINE: lambda: sdpa_flash_call(problem, saved)}
+    return {
+        "kernels": lambda: kernels_call(problem, saved),
+        BASELINE: lambda: sdpa_flash_call(problem, saved),
+    }
 
 
 def measure_backward(problem: BackwardProblem, timer, ceilings: dict, device: str = "cuda") -> dict:
-    """One case: every provider's backward time, TFLOP/s, bytes/s and largest gradient difference."""
+    """One case: every provider's backward time, TFLOP/s, bytes/s and largest gradient
+    difference."""
     from . import gpu
 
     saved = make_saved_forward(problem, device)
@@ -184,12 +225,26 @@ def measure_backward(problem: BackwardProblem, timer, ceilings: dict, device: st
             providers[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
             continue
         t = timing["time_s"]
-        providers[name] = {**timing, "setup": setup, "bytes_per_s": problem.bytes_moved() / t,
-                           "flop_per_s": problem.flops() / t, "max_abs_diff_vs_attn_ref": diff}
+        providers[name] = {
+            **timing,
+            "setup": setup,
+            "bytes_per_s": problem.bytes_moved() / t,
+            "flop_per_s": problem.flops() / t,
+            "max_abs_diff_vs_attn_ref": diff,
+        }
         if "copy_bytes_per_s" in ceilings:
-            providers[name]["pct_of_copy_bandwidth"] = 100 * providers[name]["bytes_per_s"] / ceilings["copy_bytes_per_s"]
-    return gpu._case(SUITE, problem.label, problem.shape(), problem.bytes_moved(), problem.flops(), providers,
-                     ceilings)
+            providers[name]["pct_of_copy_bandwidth"] = (
+                100 * providers[name]["bytes_per_s"] / ceilings["copy_bytes_per_s"]
+            )
+    return gpu._case(
+        SUITE,
+        problem.label,
+        problem.shape(),
+        problem.bytes_moved(),
+        problem.flops(),
+        providers,
+        ceilings,
+    )
 
 
 def attn_ref_grads(problem: BackwardProblem, saved: SavedForward) -> Grads:
@@ -197,8 +252,17 @@ def attn_ref_grads(problem: BackwardProblem, saved: SavedForward) -> Grads:
     import attn_ref
 
     s = saved
-    return attn_ref.attention_backward(s.dout, s.q, s.k, s.v, s.out, s.lse, s.scale,
-                                       attn_ref.AttentionMask(causal=problem.causal), grad_dtype=torch.float32)
+    return attn_ref.attention_backward(
+        s.dout,
+        s.q,
+        s.k,
+        s.v,
+        s.out,
+        s.lse,
+        s.scale,
+        attn_ref.AttentionMask(causal=problem.causal),
+        grad_dtype=torch.float32,
+    )
 
 
 def run(quick: bool, ceilings: dict, timer, device: str = "cuda") -> Iterator[dict]:
@@ -210,24 +274,38 @@ def run(quick: bool, ceilings: dict, timer, device: str = "cuda") -> Iterator[di
             yield measure_backward(problem, timer, ceilings, device)
         except Exception as exc:  # noqa: BLE001  (keep the other cases: report this one's failure)
             failed = {"setup": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
-            yield gpu._case(SUITE, problem.label, problem.shape(), problem.bytes_moved(), problem.flops(), failed,
-                            ceilings)
+            yield gpu._case(
+                SUITE,
+                problem.label,
+                problem.shape(),
+                problem.bytes_moved(),
+                problem.flops(),
+                failed,
+                ceilings,
+            )
         if device == "cuda":
             torch.cuda.empty_cache()
 
 
 def refusal() -> str | None:
-    """Why this machine cannot run the suite (no CUDA device, or the Triton interpreter), or None."""
+    """Why this machine cannot run the suite (no CUDA device, or the Triton interpreter), or
+    None."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return "benchmarks.gpu_backward: TRITON_INTERPRET=1 (interpreter timings are not benchmarks)"
+        return (
+            "benchmarks.gpu_backward: TRITON_INTERPRET=1 (interpreter timings are not benchmarks)"
+        )
     if not torch.cuda.is_available():
         return "benchmarks.gpu_backward: no CUDA device (interpreter timings are not benchmarks)"
     return None
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_backward", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for backward.json and backward.md")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_backward", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for backward.json and backward.md"
+    )
     parser.add_argument("--quick", action="store_true", help="S = 1k only")
     args = parser.parse_args(argv)
     why = refusal()

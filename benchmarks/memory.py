@@ -2,8 +2,8 @@
 
 ``tracemalloc`` does not see torch's allocations, so the peak is taken from ``/proc/self/status``:
 
-1. free what Python and the C allocator hold but do not use (``gc.collect()``, glibc ``malloc_trim(0)``),
-   so the call cannot silently reuse pages that an earlier call left resident;
+1. free what Python and the C allocator hold but do not use (``gc.collect()``, glibc
+   ``malloc_trim(0)``), so the call cannot silently reuse pages that an earlier call left resident;
 2. reset the process's resident high-water mark (``echo 5 > /proc/self/clear_refs``);
 3. ``peak_extra = VmHWM after the call - VmRSS before it``.
 
@@ -19,7 +19,9 @@ import ctypes.util
 import gc
 from typing import Callable, Optional
 
-METHOD = "VmHWM - VmRSS around the call, after gc + malloc_trim and a clear_refs high-water-mark reset"
+METHOD = (
+    "VmHWM - VmRSS around the call, after gc + malloc_trim and a clear_refs high-water-mark reset"
+)
 
 
 def _status_bytes(field: str) -> int:
@@ -49,7 +51,8 @@ def _reset_high_water_mark() -> bool:
 
 
 def peak_extra_bytes(fn: Callable[[], object]) -> Optional[int]:
-    """Peak resident bytes that ``fn()`` adds on top of what is resident before it (None: unmeasurable)."""
+    """Peak resident bytes that ``fn()`` adds on top of what is resident before it (None:
+    unmeasurable)."""
     _release_free_memory()
     if not _reset_high_water_mark():
         return None

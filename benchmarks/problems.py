@@ -47,7 +47,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 @dataclass(frozen=True)
 class Problem:
-    """One benchmarked ``flash_attn_with_kvcache`` call (GQA: ``heads_q`` a multiple of ``heads_kv``)."""
+    """One benchmarked ``flash_attn_with_kvcache`` call (GQA: ``heads_q`` a multiple of
+    ``heads_kv``)."""
 
     suite: str  # "decode" or "prefill"
     batch: int
@@ -66,7 +67,9 @@ class Problem:
 
     @property
     def label(self) -> str:
-        label = f"b={self.batch} sk={self.seqlen_k}" + (f" sq={self.seqlen_q}" if self.seqlen_q > 1 else "")
+        label = f"b={self.batch} sk={self.seqlen_k}" + (
+            f" sq={self.seqlen_q}" if self.seqlen_q > 1 else ""
+        )
         return ("ragged " if self.ragged else "") + label
 
     @property
@@ -78,7 +81,8 @@ class Problem:
         return -(-self.seqlen_k // self.page_size)
 
     def seqlens_k(self) -> list[int]:
-        """Tokens of each sequence: ``seqlen_k`` each, or ``seqlen_k * (i + 1) // b`` when ragged."""
+        """Tokens of each sequence: ``seqlen_k`` each, or ``seqlen_k * (i + 1) // b`` when
+        ragged."""
         if not self.ragged:
             return [self.seqlen_k] * self.batch
         return [self.seqlen_k * (i + 1) // self.batch for i in range(self.batch)]
@@ -89,9 +93,18 @@ class Problem:
     def case(self) -> dict:
         """Keyword arguments of :func:`benchmarks.calls.make_case` that build this problem: every
         sequence holds ``seqlen_k`` tokens in pages of ``page_size``."""
-        return dict(batch=self.batch, seqlen_q=self.seqlen_q, capacity=self.seqlen_k, cached_tokens=self.seqlen_k,
-                    heads=self.heads_q, heads_k=self.heads_kv, d=self.head_dim, page_size=self.page_size,
-                    dtype=DTYPES[self.dtype], causal=self.causal)
+        return dict(
+            batch=self.batch,
+            seqlen_q=self.seqlen_q,
+            capacity=self.seqlen_k,
+            cached_tokens=self.seqlen_k,
+            heads=self.heads_q,
+            heads_k=self.heads_kv,
+            d=self.head_dim,
+            page_size=self.page_size,
+            dtype=DTYPES[self.dtype],
+            causal=self.causal,
+        )
 
     def bytes_moved(self) -> int:
         """Least device-memory traffic of one call (see the module docstring)."""
@@ -134,12 +147,19 @@ class KVCacheInputs:
 
     def kwargs(self) -> dict:
         return {
-            "q": self.q, "k_cache": self.k_cache, "v_cache": self.v_cache, "page_table": self.page_table,
-            "cache_seqlens": self.cache_seqlens, "causal": self.causal,
+            "q": self.q,
+            "k_cache": self.k_cache,
+            "v_cache": self.v_cache,
+            "page_table": self.page_table,
+            "cache_seqlens": self.cache_seqlens,
+            "causal": self.causal,
         }
 
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.q, self.k_cache, self.v_cache, self.page_table, self.cache_seqlens))
+        return sum(
+            t.nbytes
+            for t in (self.q, self.k_cache, self.v_cache, self.page_table, self.cache_seqlens)
+        )
 
 
 def make_inputs(problem: Problem, device: str, seed: int = 0) -> KVCacheInputs:
@@ -149,17 +169,26 @@ def make_inputs(problem: Problem, device: str, seed: int = 0) -> KVCacheInputs:
     args = make_case(**problem.case(), seed=seed, device=device)
     if problem.ragged:
         args["cache_seqlens"] = torch.tensor(problem.seqlens_k(), dtype=torch.int32, device=device)
-    return KVCacheInputs(args["q"], args["k_cache"], args["v_cache"], args["page_table"], args["cache_seqlens"],
-                         problem.causal)
+    return KVCacheInputs(
+        args["q"],
+        args["k_cache"],
+        args["v_cache"],
+        args["page_table"],
+        args["cache_seqlens"],
+        problem.causal,
+    )
 
 
-def dense_kv(inputs: KVCacheInputs, seqlen_k: int, expand_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def dense_kv(
+    inputs: KVCacheInputs, seqlen_k: int, expand_gqa: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V gathered from the pages: ``(b, h_k, sk, d)``, or ``(b, h, sk, d)`` with each KV head
     repeated for its ``h / h_k`` query heads (query head ``j`` reads KV head ``j // (h / h_k)``)."""
     heads_q = inputs.q.shape[2]
 
     def gather(cache: torch.Tensor) -> torch.Tensor:
-        x = paged_to_dense(cache, inputs.page_table)[:, :seqlen_k].transpose(1, 2)  # (b, h_k, sk, d)
+        # (b, h_k, sk, d)
+        x = paged_to_dense(cache, inputs.page_table)[:, :seqlen_k].transpose(1, 2)
         if not expand_gqa:
             return x.contiguous()
         b, h_k, sk, d = x.shape

@@ -7,7 +7,8 @@ A result is one JSON document per device (``cpu.json`` / ``cuda.json``), describ
      "ceilings", "cases": [case, ...], "targets": [{"name", "value", "met"}, ...]}
 
     case = {"suite", "label", "shape", "bytes", "flops", "baseline",
-            "providers": {name: {"time_s", "bytes_per_s", "flop_per_s", "time_ratio_vs_baseline", ...}
+            "providers": {name: {"time_s", "bytes_per_s", "flop_per_s", "time_ratio_vs_baseline",
+            ...}
                                | {"error": why it did not run}}}
 
 Units are SI: seconds, bytes, bytes/s, FLOP/s (TB = 1e12, GB = 1e9, never powers of 1024).
@@ -76,12 +77,18 @@ def machine(device: str) -> dict:
         }
         info["summary"] = f"{props.name} ({props.multi_processor_count} SMs)"
     else:
-        info["summary"] = f"{info['cpu']} ({info['cpu_count']} CPUs, {info['torch_threads']} torch threads)"
+        info["summary"] = (
+            f"{info['cpu']} ({info['cpu_count']} CPUs, {info['torch_threads']} torch threads)"
+        )
     return info
 
 
 def versions() -> dict:
-    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    found = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     for module in ("triton", "numpy", "matplotlib", "flash_attn", "flash_attn_interface"):
         try:
             found[module] = getattr(__import__(module), "__version__", "installed")
@@ -124,12 +131,17 @@ def _run(args: list[str]) -> str:
 def _git_describe() -> str:
     """``git describe --always --dirty``; where the tree was copied without ``.git`` (a lent GPU
     machine), the caller's ``ATTN_REF_GIT`` environment variable."""
-    return (_run(["git", "describe", "--always", "--dirty"]) or os.environ.get("ATTN_REF_GIT")
-            or "unknown (no git checkout, ATTN_REF_GIT unset)")
+    return (
+        _run(["git", "describe", "--always", "--dirty"])
+        or os.environ.get("ATTN_REF_GIT")
+        or "unknown (no git checkout, ATTN_REF_GIT unset)"
+    )
 
 
 def _nvidia_smi_query() -> str:
-    fields = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu"
+    fields = (
+        "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu"
+    )
     return _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv"]) or "nvidia-smi unavailable"
 
 
@@ -139,34 +151,67 @@ def write_json(result: dict, path: Path) -> None:
 
 # --- tables ---------------------------------------------------------------------------------------
 
+
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one row per (case, provider)."""
     gpu = result["device"] == "cuda"
     unit, scale = ("TB/s", 1e12) if gpu else ("GB/s", 1e9)
-    header = ["suite", "case", "provider", "time", f"{unit} (logical)", "TFLOP/s", "time / baseline",
-              "% of copy BW" if gpu else "peak extra MB", "max abs diff vs attn_ref"]
+    header = [
+        "suite",
+        "case",
+        "provider",
+        "time",
+        f"{unit} (logical)",
+        "TFLOP/s",
+        "time / baseline",
+        "% of copy BW" if gpu else "peak extra MB",
+        "max abs diff vs attn_ref",
+    ]
     header += ["roofline time"] if gpu else ["inputs MB", "load (1 min)"]
     rows = []
     for case in result["cases"]:
         for name, p in case["providers"].items():
             extra = _device_cells(gpu, case, p)
             if "error" in p:
-                rows.append([case["suite"], case["label"], name, "-", "-", "-", "-", "-", p["error"][:60], *extra])
+                rows.append(
+                    [
+                        case["suite"],
+                        case["label"],
+                        name,
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        p["error"][:60],
+                        *extra,
+                    ]
+                )
                 continue
             last = p.get("pct_of_copy_bandwidth") if gpu else p.get("peak_extra_bytes")
             last = "-" if last is None else (f"{last:.1f}" if gpu else f"{last / 1e6:.1f}")
             diff, ratio = p.get("max_abs_diff_vs_attn_ref"), p.get("time_ratio_vs_baseline")
-            rows.append([
-                case["suite"], case["label"], name, _duration(p["time_s"]), f"{p['bytes_per_s'] / scale:.3g}",
-                f"{p['flop_per_s'] / 1e12:.3g}", "-" if ratio is None else f"{ratio:.2f}", last,
-                "-" if diff is None else f"{diff:.2e}", *extra,
-            ])
+            rows.append(
+                [
+                    case["suite"],
+                    case["label"],
+                    name,
+                    _duration(p["time_s"]),
+                    f"{p['bytes_per_s'] / scale:.3g}",
+                    f"{p['flop_per_s'] / 1e12:.3g}",
+                    "-" if ratio is None else f"{ratio:.2f}",
+                    last,
+                    "-" if diff is None else f"{diff:.2e}",
+                    *extra,
+                ]
+            )
     return header, rows
 
 
 def _device_cells(gpu: bool, case: dict, provider: dict) -> list[str]:
-    """GPU: the roofline time (bytes / copy bandwidth, or FLOPs / matmul rate if larger). CPU: what the
-    provider is given (SDPA: dense K/V gathered before the timer) and the load after the case."""
+    """GPU: the roofline time (bytes / copy bandwidth, or FLOPs / matmul rate if larger). CPU: what
+    the provider is given (SDPA: dense K/V gathered before the timer) and the load after the
+    case."""
     if gpu:
         return ["-" if case.get("ideal_time_s") is None else _duration(case["ideal_time_s"])]
     inputs = provider.get("input_bytes")
@@ -186,13 +231,16 @@ def text_table(result: dict) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines += [f"target: {t['name']}: {t['value']:.4g} -> {'met' if t['met'] else 'NOT met'}"
-              for t in result["targets"]]
+    lines += [
+        f"target: {t['name']}: {t['value']:.4g} -> {'met' if t['met'] else 'NOT met'}"
+        for t in result["targets"]
+    ]
     return "\n".join(lines)
 
 
 def calls(result: dict) -> list[str]:
-    """Markdown lines: the exact call each provider times, once per (suite, kind of case, provider)."""
+    """Markdown lines: the exact call each provider times, once per (suite, kind of case,
+    provider)."""
     found = {}
     for case in result["cases"]:
         kind = case["suite"] + (" (ragged lengths)" if case["shape"].get("ragged") else "")
@@ -205,8 +253,10 @@ def calls(result: dict) -> list[str]:
 def provenance(result: dict) -> str:
     """One line: machine, date, versions, command (printed on every figure and table)."""
     v = result["versions"]
-    return (f"{result['machine']['summary']} | {result['date']} | torch {v['torch']}, "
-            f"triton {v.get('triton', '-')}, attn_ref {v['attn_ref_git']} | {result['command']}")
+    return (
+        f"{result['machine']['summary']} | {result['date']} | torch {v['torch']}, "
+        f"triton {v.get('triton', '-')}, attn_ref {v['attn_ref_git']} | {result['command']}"
+    )
 
 
 def _loads(values: list[float]) -> str:
@@ -222,15 +272,31 @@ def markdown(result: dict) -> str:
         "",
         f"Command: `{result['command']}`. Load average (1, 5, 15 min) at start "
         f"{_loads(load['loadavg_1_5_15_start'])}, at end {_loads(load['loadavg_1_5_15_end'])}"
-        + (f". Stopped early: {result['settings']['stopped_early']}." if "stopped_early" in result["settings"] else "."),
+        + (
+            f". Stopped early: {result['settings']['stopped_early']}."
+            if "stopped_early" in result["settings"]
+            else "."
+        ),
         "",
-        *(["Calls timed (inputs made before the timer; a case's baseline is its fastest SDPA call):", "",
-            *calls(result), ""] if calls(result) else []),
+        *(
+            [
+                "Calls timed (inputs made before the timer; a case's baseline is its fastest SDPA "
+                "call):",
+                "",
+                *calls(result),
+                "",
+            ]
+            if calls(result)
+            else []
+        ),
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
-        *(f"- {t['name']}: {t['value']:.4g}, **{'met' if t['met'] else 'not met'}**" for t in result["targets"]),
+        *(
+            f"- {t['name']}: {t['value']:.4g}, **{'met' if t['met'] else 'not met'}**"
+            for t in result["targets"]
+        ),
         "",
     ]
     return "\n".join(lines)

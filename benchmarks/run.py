@@ -1,13 +1,14 @@
-"""Entry point: ``python -m benchmarks.run [--quick] [--device cpu|cuda] [--out DIR] [--threads N]``.
+"""Entry point: ``python -m benchmarks.run [--quick] [--device cpu|cuda] [--out DIR] [--threads
+N]``.
 
 Measures one device's suites, prints the table and writes, under ``DIR`` (default
 ``benchmarks/results/``): ``<device>.json``, ``<device>.md`` and ``<device>_<suite>.png``.
 
 * ``--device cpu`` (default without CUDA): :mod:`benchmarks.cpu`. Full mode takes about 4 minutes on
-  an idle 2-core machine; ``--quick`` uses small shapes and runs in seconds (the test suite's check of
-  the harness). On a machine shared with other jobs, ``--threads 1`` keeps OpenMP threads from
-  waiting on descheduled peers, which otherwise inflates the many small ops of the reference far more
-  than SDPA's few large ones; the per-case load average is recorded either way.
+  an idle 2-core machine; ``--quick`` uses small shapes and runs in seconds (the test suite's check
+  of the harness). On a machine shared with other jobs, ``--threads 1`` keeps OpenMP threads from
+  waiting on descheduled peers, which otherwise inflates the many small ops of the reference far
+  more than SDPA's few large ones; the per-case load average is recorded either way.
 * ``--device cuda``: :mod:`benchmarks.gpu`. Refuses to run under the Triton interpreter.
 """
 
@@ -27,19 +28,31 @@ DEFAULT_OUT = Path(__file__).with_name("results")
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__.split("\n\n")[1]
+    )
     parser.add_argument("--quick", action="store_true", help="small shapes, few repetitions")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); on a "
-                        "machine shared with other jobs, 1 avoids OpenMP threads waiting on descheduled peers")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default: torch's choice); on a "
+        "machine shared with other jobs, 1 avoids OpenMP threads waiting on "
+        "descheduled peers",
+    )
     return parser.parse_args(argv)
 
 
 class TimeLimit(BaseException):
     """Raised by SIGTERM (``timeout`` in benchmarks/gpu_check.sh): the cases done so far are kept.
 
-    A ``BaseException``, so the suites' ``except Exception`` (a provider that fails) cannot swallow it."""
+    A ``BaseException``, so the suites' ``except Exception`` (a provider that fails) cannot swallow
+    it."""
 
 
 def _raise_time_limit(signum, frame):
@@ -57,14 +70,19 @@ def measure(device: str, quick: bool) -> dict:
     else:
         from . import cpu as suite
 
-        result = record.metadata("cpu", {"quick": quick, "timing": suite.TIMING, "memory": suite.MEMORY})
+        result = record.metadata(
+            "cpu", {"quick": quick, "timing": suite.TIMING, "memory": suite.MEMORY}
+        )
         cases = suite.run(quick)
     result["cases"] = []
     start = time.perf_counter()
     try:
         for case in cases:
             result["cases"].append(case)
-            print(f"[{time.perf_counter() - start:6.1f} s] {case['suite']} {case['label']}", flush=True)
+            print(
+                f"[{time.perf_counter() - start:6.1f} s] {case['suite']} {case['label']}",
+                flush=True,
+            )
     except TimeLimit as stop:
         result["settings"]["stopped_early"] = str(stop)
     result["targets"] = suite.targets(result["cases"])

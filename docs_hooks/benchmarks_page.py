@@ -1,12 +1,14 @@
-"""MkDocs hook: the "Benchmarks" page, generated from the committed results in ``benchmarks/results/``.
+"""MkDocs hook: the "Benchmarks" page, generated from the committed results in
+``benchmarks/results/``.
 
 For each device that has results (``<device>.json``, written by ``python -m benchmarks.run``), the
-page shows the run's provenance, the exact calls timed, the table of :func:`benchmarks.record.table_rows`
-(the harness's own rows, so the page and the printed table agree), the targets, the notes written on
-the run (``<device>_notes.md``, if any) and every ``<device>_<suite>.png`` plot.
-A device without results gets a warning that says so, first on the page, instead of a description
-of figures that are not there. The page and the plots are ``File.generated`` (nothing is written
-into ``docs/``); without any result file there is no page and no nav entry.
+page shows the run's provenance, the exact calls timed, the table of
+:func:`benchmarks.record.table_rows` (the harness's own rows, so the page and the printed table
+agree), the targets, the notes written on the run (``<device>_notes.md``, if any) and every
+``<device>_<suite>.png`` plot. A device without results gets a warning that says so, first on the
+page, instead of a description of figures that are not there. The page and the plots are
+``File.generated`` (nothing is written into ``docs/``); without any result file there is no page and
+no nav entry.
 """
 
 from __future__ import annotations
@@ -32,24 +34,37 @@ date, the versions and the command; rerun it with `python -m benchmarks.run --de
 benchmarks and are never reported.
 """
 #: What each device's results compare, said only when they exist.
-MEASURES = {"cuda": "The Triton kernels against PyTorch's `scaled_dot_product_attention` on the same problems "
-                    "(decode bandwidth, prefill FLOP/s, the combine kernel).",
-            "cpu": "The PyTorch reference against `scaled_dot_product_attention` at its best on the same problems "
-                   "(K/V gathered before the timer, `enable_gqa=True`, no mask unless lengths are ragged): "
-                   "time ratio and peak memory."}
+MEASURES = {
+    "cuda": "The Triton kernels against PyTorch's `scaled_dot_product_attention` on the same "
+    "problems (decode bandwidth, prefill FLOP/s, the combine kernel).",
+    "cpu": "The PyTorch reference against `scaled_dot_product_attention` at its best on the same "
+    "problems (K/V gathered before the timer, `enable_gqa=True`, no mask unless lengths are "
+    "ragged): "
+    "time ratio and peak memory.",
+}
 
 
 #: What is missing for a device without committed results.
-MISSING = {"cuda": ("GPU", "timings of the Triton kernels and no comparison with SDPA on a GPU"),
-           "cpu": ("CPU", "timings of the PyTorch reference and no comparison with SDPA on a CPU")}
+MISSING = {
+    "cuda": ("GPU", "timings of the Triton kernels and no comparison with SDPA on a GPU"),
+    "cpu": ("CPU", "timings of the PyTorch reference and no comparison with SDPA on a CPU"),
+}
 
 
 def missing_section(device: str) -> list[str]:
     """What the page says for a device without committed results: plainly, that there are none."""
     label, what = MISSING[device]
-    return [f"## {DEVICES[device]}", "", f'!!! warning "No {label} figures yet"', "",
-            f"    No {label} run is committed (`benchmarks/results/{device}.json` does not exist), so this "
-            f"page has no {what}. `python -m benchmarks.run --device {device}` on a {label} machine makes them.", ""]
+    return [
+        f"## {DEVICES[device]}",
+        "",
+        f'!!! warning "No {label} figures yet"',
+        "",
+        f"    No {label} run is committed (`benchmarks/results/{device}.json` does not exist), "
+        "so this "
+        f"page has no {what}. `python -m benchmarks.run --device {device}` on a {label} machine "
+        "makes them.",
+        "",
+    ]
 
 
 def _results(config) -> Path:
@@ -69,14 +84,28 @@ def result_section(result: dict) -> list[str]:
     from benchmarks import record
 
     header, rows = record.table_rows(result)
-    lines = [f"Measured on {result['machine']['summary']}, {result['date']}, with `{result['command']}`.", ""]
-    lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".", ""]
+    lines = [
+        f"Measured on {result['machine']['summary']}, {result['date']}, with "
+        f"`{result['command']}`.",
+        "",
+    ]
+    lines += [
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".",
+        "",
+    ]
     if record.calls(result):
-        lines += ["Calls timed (inputs made before the timer; a case's baseline is its fastest SDPA call):", ""]
+        lines += [
+            "Calls timed (inputs made before the timer; a case's baseline is its fastest SDPA "
+            "call):",
+            "",
+        ]
         lines += record.calls(result) + [""]
     lines += ["| " + " | ".join(map(_cell, header)) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in rows] + [""]
-    lines += [f"* {t['name']}: {t['value']:.4g}, **{'met' if t['met'] else 'not met'}**" for t in result["targets"]]
+    lines += [
+        f"* {t['name']}: {t['value']:.4g}, **{'met' if t['met'] else 'not met'}**"
+        for t in result["targets"]
+    ]
     return lines + [""]
 
 
@@ -105,8 +134,10 @@ def page(config) -> tuple[str, dict[str, bytes]]:
 def on_config(config):
     nav = [item for item in config["nav"] if SECTION not in item]
     if _devices(config):
-        at = next((n + 1 for n, item in enumerate(nav) if AFTER in item),
-                  next((n + 1 for n, item in enumerate(nav) if "Side by side" in item), len(nav)))
+        at = next(
+            (n + 1 for n, item in enumerate(nav) if AFTER in item),
+            next((n + 1 for n, item in enumerate(nav) if "Side by side" in item), len(nav)),
+        )
         nav.insert(at, {SECTION: "benchmarks/index.md"})
     config["nav"] = nav
     return config

@@ -1,15 +1,16 @@
 """What a user sees when an error catalog entry's trigger runs: captured at build time, cached.
 
-For each entry, :func:`outputs` gives the last lines Python prints for the exception that the entry's
-``examples.setup`` + ``examples.trigger`` code raises: the ``Type: message`` line and the attn-ref
-note under it (``traceback.format_exception_only``). The error pages show it as the real output.
+For each entry, :func:`outputs` gives the last lines Python prints for the exception that the
+entry's ``examples.setup`` + ``examples.trigger`` code raises: the ``Type: message`` line and the
+attn-ref note under it (``traceback.format_exception_only``). The error pages show it as the real
+output.
 
 The triggers run in one child process (this file run as a script, ``TRITON_INTERPRET=1`` so kernel
 examples run on a CPU), from the project root. Results are cached in ``.cache/error-outputs.json``
 under a key made of the example code, the contents of every ``.py`` file of the packages and the
-``ATTN_REF_*`` environment variables (they change the notes) and this file, so a rebuild reruns only what changed;
-editing any package file reruns all (about 5 s). An entry whose
-examples need a CUDA device is not run where none is, and gets no output.
+``ATTN_REF_*`` environment variables (they change the notes) and this file, so a rebuild reruns only
+what changed; editing any package file reruns all (about 5 s). An entry whose examples need a CUDA
+device is not run where none is, and gets no output.
 """
 
 from __future__ import annotations
@@ -32,14 +33,19 @@ def package_fingerprint(root: Path) -> str:
     digest = hashlib.sha256(Path(__file__).read_bytes())
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+            digest.update(
+                path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0"
+            )
     return digest.hexdigest()
 
 
 def _key(entry: dict, fingerprint: str) -> str:
     examples = entry["examples"]
-    settings = sorted((k, v) for k, v in os.environ.items() if k.startswith("ATTN_REF_"))  # notes on/off, docs URL
-    code = json.dumps([examples.get("setup", ""), examples["trigger"]["code"], fingerprint, settings])
+    # notes on/off, docs URL
+    settings = sorted((k, v) for k, v in os.environ.items() if k.startswith("ATTN_REF_"))
+    code = json.dumps(
+        [examples.get("setup", ""), examples["trigger"]["code"], fingerprint, settings]
+    )
     return hashlib.sha256(code.encode()).hexdigest()
 
 
@@ -52,19 +58,42 @@ def _runnable(entry: dict) -> bool:
 
 
 def outputs(catalog: dict, root: Path) -> dict[str, str]:
-    """``{entry id: output}`` for every entry whose trigger ran (from the cache where it is current)."""
+    """``{entry id: output}`` for every entry whose trigger ran (from the cache where it is
+    current)."""
     cache_path = root / CACHE
     cache = json.loads(cache_path.read_text(encoding="utf-8")) if cache_path.is_file() else {}
     fingerprint = package_fingerprint(root)
-    keys = {e["id"]: _key(e, fingerprint) for e in catalog["errors"] if e["status"] == "active" and _runnable(e)}
-    stale = [e for e in catalog["errors"] if e["id"] in keys and cache.get(e["id"], {}).get("key") != keys[e["id"]]]
+    keys = {
+        e["id"]: _key(e, fingerprint)
+        for e in catalog["errors"]
+        if e["status"] == "active" and _runnable(e)
+    }
+    stale = [
+        e
+        for e in catalog["errors"]
+        if e["id"] in keys and cache.get(e["id"], {}).get("key") != keys[e["id"]]
+    ]
     if stale:
-        jobs = [{"id": e["id"], "code": e["examples"].get("setup", "") + "\n" + e["examples"]["trigger"]["code"]}
-                for e in stale]
-        result = subprocess.run([sys.executable, __file__], input=json.dumps(jobs), capture_output=True, text=True,
-                                cwd=root, timeout=TIMEOUT_S, env={**os.environ, "TRITON_INTERPRET": "1"})
+        jobs = [
+            {
+                "id": e["id"],
+                "code": e["examples"].get("setup", "") + "\n" + e["examples"]["trigger"]["code"],
+            }
+            for e in stale
+        ]
+        result = subprocess.run(
+            [sys.executable, __file__],
+            input=json.dumps(jobs),
+            capture_output=True,
+            text=True,
+            cwd=root,
+            timeout=TIMEOUT_S,
+            env={**os.environ, "TRITON_INTERPRET": "1"},
+        )
         if result.returncode != 0:
-            raise RuntimeError(f"error outputs: the trigger runner failed:\n{result.stderr[-3000:]}")
+            raise RuntimeError(
+                f"error outputs: the trigger runner failed:\n{result.stderr[-3000:]}"
+            )
         for entry_id, output in json.loads(result.stdout.splitlines()[-1]).items():
             cache[entry_id] = {"key": keys[entry_id], "output": output}
         cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +114,10 @@ def _run_jobs(jobs: list[dict]) -> dict[str, str]:
         try:
             with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                exec(compile(job["code"], f"<trigger {job['id']}>", "exec"), {"__name__": "__trigger__"})
+                exec(
+                    compile(job["code"], f"<trigger {job['id']}>", "exec"),
+                    {"__name__": "__trigger__"},
+                )
         except Exception as exc:  # what the user would see: any exception the trigger raises
             printed = "".join(traceback.format_exception_only(exc)).rstrip("\n")
             found[job["id"]] = printed.replace(os.getcwd() + os.sep, "")

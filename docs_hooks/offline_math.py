@@ -30,35 +30,51 @@ COPIED = ["tex-chtml.js", "input/tex/extensions", "output/chtml/fonts/woff-v2"]
 #: MathJax 3's configuration: the notebooks' delimiters (MathJax 3 has no ``$`` by default); no
 #: context menu (its accessibility tools would load the speech engine, which is not shipped).
 CONFIG = {
-    "tex": {"inlineMath": [["$", "$"], ["\\(", "\\)"]], "displayMath": [["$$", "$$"], ["\\[", "\\]"]],
-            "processEscapes": True},
+    "tex": {
+        "inlineMath": [["$", "$"], ["\\(", "\\)"]],
+        "displayMath": [["$$", "$$"], ["\\[", "\\]"]],
+        "processEscapes": True,
+    },
     "options": {"enableMenu": False},
 }
 #: nbconvert's MathJax 2 loader and configuration, and its mermaid.js loader.
 MATHJAX2 = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.S)
-MERMAID = re.compile(r'<script type="module">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*</script>', re.S)
+MERMAID = re.compile(
+    r'<script type="module">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*</script>', re.S
+)
 
 
 def mathjax_dir() -> Path:
     """MathJax's ``es5/`` folder in the ``django-static-mathjax`` package (module ``mathjax``)."""
     spec = importlib.util.find_spec("mathjax")
-    folder = Path(next(iter(spec.submodule_search_locations))) / "static" / "mathjax" / "es5" if spec else None
+    folder = (
+        Path(next(iter(spec.submodule_search_locations))) / "static" / "mathjax" / "es5"
+        if spec
+        else None
+    )
     if folder is None or not (folder / "tex-chtml.js").is_file():
-        raise PluginError("math: MathJax is missing: pip install django-static-mathjax (see the Makefile's pins)")
+        raise PluginError(
+            "math: MathJax is missing: pip install django-static-mathjax (see the Makefile's pins)"
+        )
     return folder
 
 
 def loader(page_url: str) -> str:
     """The scripts that configure and load the site's MathJax, for a page at ``page_url``."""
     src = get_relative_url(f"{TARGET}/tex-chtml.js", page_url)
-    return f'<script>window.MathJax = {json.dumps(CONFIG)};</script>\n<script defer src="{src}"></script>'
+    return (
+        f"<script>window.MathJax = {json.dumps(CONFIG)};</script>\n"
+        f'<script defer src="{src}"></script>'
+    )
 
 
 def on_page_content(content, page, config, files):
     if not page.file.src_uri.endswith(".ipynb"):
         return content
     if len(MATHJAX2.findall(content)) != 1:
-        raise PluginError(f"math: {page.file.src_uri} does not have nbconvert's MathJax loader once")
+        raise PluginError(
+            f"math: {page.file.src_uri} does not have nbconvert's MathJax loader once"
+        )
     return MERMAID.sub("", MATHJAX2.sub(lambda _: loader(page.url), content))
 
 

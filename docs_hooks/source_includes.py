@@ -17,10 +17,10 @@ a definition that no longer exists fails the build. A dotted name (``"KVCacheCal
 into a class; a module-level assignment (``"REFERENCE_BACKEND"``) is found by its target name.
 ``{{ source("attn_ref/kvcache.py", "attend", body=True) }}`` shows only the statements after the
 signature and docstring (for functions whose signature is shown elsewhere on the page), and
-``{{ source("kernels/attention.py", "_attend_key_blocks", start="# ---- online softmax", stop="return") }}``
-only a part of the definition: from its first line that contains ``start`` up to (not including) the
-next line that contains ``stop`` (without ``stop``: to the end), trailing blank lines dropped. Side-by-side
-pairs show whole pieces; text that is not found fails the build.
+``{{ source("kernels/attention.py", "_attend_key_blocks", start="# ---- online softmax",
+stop="return") }}`` only a part of the definition: from its first line that contains ``start`` up to
+(not including) the next line that contains ``stop`` (without ``stop``: to the end), trailing blank
+lines dropped. Side-by-side pairs show whole pieces; text that is not found fails the build.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from mkdocs.exceptions import PluginError
 
 DIRECTIVE = re.compile(
     r'^(?P<indent>[ \t]*)\{\{ source\("(?P<path>[^"]+)", "(?P<name>[^"]+)"(?P<body>, body=True)?'
-    r'(?:, start="(?P<start>[^"]+)")?(?:, stop="(?P<stop>[^"]+)")?\) \}\}[ \t]*$', re.M
+    r'(?:, start="(?P<start>[^"]+)")?(?:, stop="(?P<stop>[^"]+)")?\) \}\}[ \t]*$',
+    re.M,
 )
 
 
 def definition_lines(path: Path, qualname: str, body_only: bool = False) -> tuple[int, int]:
-    """First and last line (1-based, decorators included) of the definition ``qualname`` in ``path``.
+    """First and last line (1-based, decorators included) of the definition ``qualname`` in
+    ``path``.
 
     ``body_only``: start at the first statement after the signature and the docstring instead.
     """
@@ -57,18 +59,24 @@ def definition_lines(path: Path, qualname: str, body_only: bool = False) -> tupl
 
 
 def part_lines(path: Path, qualname: str, start: str, stop: str | None = None) -> tuple[int, int]:
-    """First and last line of the part of ``qualname`` from the line containing ``start`` up to the line
-    before the next one containing ``stop`` (or the definition's end), trailing blank lines dropped."""
+    """First and last line of the part of ``qualname`` from the line containing ``start`` up to the
+    line before the next one containing ``stop`` (or the definition's end), trailing blank lines
+    dropped."""
     first, last = definition_lines(path, qualname)
     lines = path.read_text(encoding="utf-8").splitlines()
     begin = next((n for n in range(first, last + 1) if start in lines[n - 1]), None)
     if begin is None:
-        raise PluginError(f"source include: {qualname!r} in {path} has no line containing {start!r}")
+        raise PluginError(
+            f"source include: {qualname!r} in {path} has no line containing {start!r}"
+        )
     end = last
     if stop is not None:
         end = next((n - 1 for n in range(begin + 1, last + 1) if stop in lines[n - 1]), None)
         if end is None:
-            raise PluginError(f"source include: {qualname!r} in {path} has no line containing {stop!r} after {start!r}")
+            raise PluginError(
+                f"source include: {qualname!r} in {path} has no line containing {stop!r} after "
+                f"{start!r}"
+            )
     while end > begin and not lines[end - 1].strip():
         end -= 1
     return begin, end
@@ -99,7 +107,13 @@ def _code_block(match: re.Match, root: Path) -> str:
     if not path.is_file():
         raise PluginError(f"source include: no file {rel}")
     start, end = include_lines(root, match)
-    title = f"{rel}: body of {name}" if match["body"] else f"{rel}: part of {name}" if match["start"] else rel
+    title = (
+        f"{rel}: body of {name}"
+        if match["body"]
+        else f"{rel}: part of {name}"
+        if match["start"]
+        else rel
+    )
     lines = [
         f'```python title="{title}" linenums="{start}"',
         f'--8<-- "{rel}:{start}:{end}"',
@@ -109,7 +123,8 @@ def _code_block(match: re.Match, root: Path) -> str:
 
 
 def on_config(config):
-    """Resolve snippet paths against the project root (where mkdocs.yml is), whatever the working dir."""
+    """Resolve snippet paths against the project root (where mkdocs.yml is), whatever the working
+    dir."""
     root = str(Path(config["config_file_path"]).parent)
     config["mdx_configs"].setdefault("pymdownx.snippets", {})["base_path"] = [root]
     return config

@@ -1,7 +1,9 @@
-"""MkDocs hook: the notebooks of ``docs/tutorials/`` as a "Tutorials" section, with their titles intact.
+"""MkDocs hook: the notebooks of ``docs/tutorials/`` as a "Tutorials" section, with their titles
+intact.
 
-* Nav: every ``docs/tutorials/*.ipynb`` is listed, in file-name order (``01_...``, ``02_...``), after
-  "Concepts" (the learning path: concepts, tutorials, side by side, errors). mkdocs-jupyter renders them (``execute: false``: they are committed executed).
+* Nav: every ``docs/tutorials/*.ipynb`` is listed, in file-name order (``01_...``, ``02_...``),
+  after "Concepts" (the learning path: concepts, tutorials, side by side, errors). mkdocs-jupyter
+  renders them (``execute: false``: they are committed executed).
 * Titles and anchors: mkdocs-jupyter builds a notebook's table of contents from its own markdown
   pass, which drops inline code: a heading "`cache_seqlens`: one length per sequence" becomes
   ": one length per sequence" with an id that the rendered page does not have. So the nav title is
@@ -26,7 +28,9 @@ from mkdocs.structure.toc import get_toc
 SECTION = "Tutorials"
 AFTER = "Concepts"
 SOURCES = "tutorials_src"
-HEADING = re.compile(r'<h(?P<level>[1-6]) id="(?P<id>[^"]+)"[^>]*>(?P<inner>.*?)</h(?P=level)>', re.S)
+HEADING = re.compile(
+    r'<h(?P<level>[1-6]) id="(?P<id>[^"]+)"[^>]*>(?P<inner>.*?)</h(?P=level)>', re.S
+)
 
 
 def notebook_title(path: Path) -> str:
@@ -55,12 +59,17 @@ def _is_notebook(page) -> bool:
 
 
 def on_files(files, config):
-    """Each notebook's Python source, next to the copy of the notebook: ``tutorials/<name>/<name>.py``."""
+    """Each notebook's Python source, next to the copy of the notebook:
+    ``tutorials/<name>/<name>.py``."""
     root = Path(config["config_file_path"]).parent
     for notebook in sorted(Path(config["docs_dir"], "tutorials").glob("*.ipynb")):
         source = root / SOURCES / f"{notebook.stem}.py"
         if source.is_file():
-            files.append(File.generated(config, f"tutorials/{notebook.stem}/{source.name}", content=source.read_bytes()))
+            files.append(
+                File.generated(
+                    config, f"tutorials/{notebook.stem}/{source.name}", content=source.read_bytes()
+                )
+            )
     return files
 
 
@@ -68,12 +77,17 @@ def downloads(notebook: Path, has_source: bool) -> str:
     """The download line of a notebook page: the notebook, its source, its measured run time."""
     links = [f'<a href="{notebook.name}" download>{notebook.name}</a> (notebook, with its outputs)']
     if has_source:
-        links.append(f'<a href="{notebook.stem}.py" download>{notebook.stem}.py</a> (its source, jupytext percent format)')
+        links.append(
+            f'<a href="{notebook.stem}.py" download>{notebook.stem}.py</a> (its source, jupytext '
+            "percent format)"
+        )
     record = json.loads(notebook.read_text(encoding="utf-8"))["metadata"].get("attn_ref", {})
     run = ""
     if "run_seconds" in record:
-        run = (f" It ran top to bottom in {record['run_seconds']:.0f} s when it was built, on a "
-               f"{record['cpu_count']}-core CPU (no GPU).")
+        run = (
+            f" It ran top to bottom in {record['run_seconds']:.0f} s when it was built, on a "
+            f"{record['cpu_count']}-core CPU (no GPU)."
+        )
     return f'<p class="notebook-downloads"><strong>Download:</strong> {" · ".join(links)}.{run}</p>'
 
 
@@ -83,7 +97,12 @@ def toc_tokens(content: str) -> list[dict]:
     stack = [root]
     for match in HEADING.finditer(content):
         text = re.sub(r'<a class="anchor-link".*?</a>|<[^>]+>', "", match["inner"])
-        token = {"level": int(match["level"]), "id": match["id"], "name": html.unescape(text).strip(), "children": []}
+        token = {
+            "level": int(match["level"]),
+            "id": match["id"],
+            "name": html.unescape(text).strip(),
+            "children": [],
+        }
         while stack[-1]["level"] >= token["level"]:
             stack.pop()
         stack[-1]["children"].append(token)
@@ -92,8 +111,8 @@ def toc_tokens(content: str) -> list[dict]:
 
 
 def on_page_content(content, page, config, files):
-    """Notebook pages: the table of contents and title from the rendered headings (ids that exist, code
-    kept), and the download line after the title."""
+    """Notebook pages: the table of contents and title from the rendered headings (ids that exist,
+    code kept), and the download line after the title."""
     if not _is_notebook(page):
         return content
     tokens = toc_tokens(content)
@@ -101,7 +120,9 @@ def on_page_content(content, page, config, files):
     if tokens and tokens[0]["level"] == 1:
         page.title = tokens[0]["name"]
     notebook = Path(page.file.abs_src_path)
-    has_source = files.get_file_from_path(f"tutorials/{notebook.stem}/{notebook.stem}.py") is not None
+    has_source = (
+        files.get_file_from_path(f"tutorials/{notebook.stem}/{notebook.stem}.py") is not None
+    )
     line = downloads(notebook, has_source)
     title = HEADING.search(content)
     at = title.end() if title and title["level"] == "1" else 0

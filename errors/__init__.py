@@ -1,8 +1,8 @@
 """errors: the catalog of every exception attn-ref raises on purpose, checked against the code.
 
 ``errors/catalog.json`` holds one entry per ``raise`` statement of ``ValueError``, ``TypeError`` or
-``NotImplementedError`` in ``attn_ref/`` and ``kernels/`` (format: ``errors/README.md``). This package
-reads and checks it without importing :mod:`attn_ref`:
+``NotImplementedError`` in ``attn_ref/`` and ``kernels/`` (format: ``errors/README.md``). This
+package reads and checks it without importing :mod:`attn_ref`:
 
 * :func:`get` (id, slug, alias or external alias id), :func:`lookup` (an exception, or what users
   paste: a traceback, a ``Type: message`` line, a note, a URL, a message), :func:`explain`

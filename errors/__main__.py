@@ -12,8 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import catalog as cat
-from . import pasted
+from . import catalog as cat, pasted
 from .scan import ScanError, scan_path
 from .sync import describe_site
 
@@ -30,8 +29,18 @@ def _explain(args, catalog) -> int:
 
 
 def _haystack(entry: dict) -> str:
-    return " ".join([entry["id"], entry["slug"], entry["summary"], entry["message"]["template"], entry["area"],
-                     entry["exception"]["type"], *entry["tags"], entry["what_it_means"]]).lower()
+    return " ".join(
+        [
+            entry["id"],
+            entry["slug"],
+            entry["summary"],
+            entry["message"]["template"],
+            entry["area"],
+            entry["exception"]["type"],
+            *entry["tags"],
+            entry["what_it_means"],
+        ]
+    ).lower()
 
 
 def _search(args, catalog) -> int:
@@ -48,22 +57,38 @@ def _search(args, catalog) -> int:
 
 def _list(args, catalog) -> int:
     if args.json:
-        rows = [{"id": e["id"], "slug": e["slug"], "status": e["status"], "exception": e["exception"]["type"],
-                 "summary": e["summary"], "template": e["message"]["template"], "area": e["area"],
-                 "shared_with_sglang": bool(e["upstream"]), "docs_url": e["docs_url"]} for e in catalog["errors"]]
+        rows = [
+            {
+                "id": e["id"],
+                "slug": e["slug"],
+                "status": e["status"],
+                "exception": e["exception"]["type"],
+                "summary": e["summary"],
+                "template": e["message"]["template"],
+                "area": e["area"],
+                "shared_with_sglang": bool(e["upstream"]),
+                "docs_url": e["docs_url"],
+            }
+            for e in catalog["errors"]
+        ]
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return 0
     for e in catalog["errors"]:
         shared = "sglang" if e["upstream"] else "own"
-        print(f"{e['id']}  {e['status']:<7}  {e['exception']['type']:<19}  {shared:<6}  {e['slug']}")
+        print(
+            f"{e['id']}  {e['status']:<7}  {e['exception']['type']:<19}  {shared:<6}  {e['slug']}"
+        )
     return 0
 
 
 def _check(args, catalog_path: Path) -> int:
     from .check import check
 
-    report = check(catalog_path=catalog_path, run_examples=not args.no_examples,
-                   base=None if args.no_history else args.base)
+    report = check(
+        catalog_path=catalog_path,
+        run_examples=not args.no_examples,
+        base=None if args.no_history else args.base,
+    )
     for rule, where, reason in report.skipped:
         print(f"skipped  {rule}  {where}: {reason}")
     for rule, where, detail in report.problems:
@@ -113,7 +138,9 @@ def _scan(args) -> int:
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     if args.json:
-        rows = [{"exception": s.exception, **s.message_json(), "source": s.source_json()} for s in sites]
+        rows = [
+            {"exception": s.exception, **s.message_json(), "source": s.source_json()} for s in sites
+        ]
         print(json.dumps(rows, indent=2, ensure_ascii=False))
     else:
         for site in sites:
@@ -123,27 +150,47 @@ def _scan(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m errors", description="The attn-ref error catalog.")
-    p.add_argument("--catalog", type=Path, default=cat.CATALOG_PATH, help="catalog file (default: the shipped one)")
+    p.add_argument(
+        "--catalog",
+        type=Path,
+        default=cat.CATALOG_PATH,
+        help="catalog file (default: the shipped one)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    explain = sub.add_parser("explain", help="print the entry for a message, traceback, note, id or slug (markdown)")
-    explain.add_argument("query", nargs="+", help="what you have; '-' reads it (a whole traceback) from stdin")
+    explain = sub.add_parser(
+        "explain", help="print the entry for a message, traceback, note, id or slug (markdown)"
+    )
+    explain.add_argument(
+        "query", nargs="+", help="what you have; '-' reads it (a whole traceback) from stdin"
+    )
     search = sub.add_parser("search", help="entries containing all the words")
     search.add_argument("words", nargs="+")
     listing = sub.add_parser("list", help="every entry, one per line")
     listing.add_argument("--json", action="store_true", help="a JSON array instead")
     check = sub.add_parser("check", help="every validation; exit 1 on any problem")
     check.add_argument("--no-examples", action="store_true", help="do not run the examples")
-    check.add_argument("--base", default="HEAD", help="git revision for the never-delete rule (default HEAD)")
+    check.add_argument(
+        "--base", default="HEAD", help="git revision for the never-delete rule (default HEAD)"
+    )
     check.add_argument("--no-history", action="store_true", help="skip the never-delete rule")
     sub.add_parser("sync", help="refresh the derived fields (source, message) from the code")
-    scan_p = sub.add_parser("scan", help="list the raise sites of any Python tree, without importing it")
+    scan_p = sub.add_parser(
+        "scan", help="list the raise sites of any Python tree, without importing it"
+    )
     scan_p.add_argument("path")
     scan_p.add_argument("--json", action="store_true", help="a JSON array instead")
-    scan_p.add_argument("--messages", action="store_true",
-                        help="every error text instead: C++ TORCH_CHECK / CHECK_* and Python raise / assert")
-    scan_p.add_argument("--upstream", metavar="FILE", type=Path,
-                        help="rescan PATH (an upstream checkout) as errors/upstream/FILE.json describes, and "
-                             "rewrite FILE (each message's entry is kept)")
+    scan_p.add_argument(
+        "--messages",
+        action="store_true",
+        help="every error text instead: C++ TORCH_CHECK / CHECK_* and Python raise / assert",
+    )
+    scan_p.add_argument(
+        "--upstream",
+        metavar="FILE",
+        type=Path,
+        help="rescan PATH (an upstream checkout) as errors/upstream/FILE.json describes, and "
+        "rewrite FILE (each message's entry is kept)",
+    )
     return p
 
 

@@ -1,7 +1,7 @@
 """Load the catalog and answer questions about it: get, match, lookup, explain.
 
-The catalog is ``errors/catalog.json`` (format: ``errors/README.md``). Entries are plain dicts, exactly
-as stored. Nothing here imports :mod:`attn_ref` or :mod:`kernels`.
+The catalog is ``errors/catalog.json`` (format: ``errors/README.md``). Entries are plain dicts,
+exactly as stored. Nothing here imports :mod:`attn_ref` or :mod:`kernels`.
 """
 
 from __future__ import annotations
@@ -25,26 +25,90 @@ SCHEMA_PATH = Path(__file__).with_name("schema.json")
 ROOT = Path(__file__).resolve().parent.parent
 #: Folders (relative to :data:`ROOT`) whose raises the catalog covers.
 PACKAGE_DIRS = ("attn_ref", "kernels")
-#: ``id = sha256(ID_PREFIX + type + "\x1f" + template)[:16]``, computed once at birth and then frozen.
+#: ``id = sha256(ID_PREFIX + type + "\x1f" + template)[:16]``, computed once at birth and then
+#: frozen.
 ID_PREFIX = "attn-ref\x1f"
 ID_ALGORITHM = "sha256/64"
-#: Environment variable with the docs site that notes and ``explain`` link to (default: ``docs_base_url``).
+#: Environment variable with the docs site that notes and ``explain`` link to (default:
+#: ``docs_base_url``).
 DOCS_URL_ENV = "ATTN_REF_DOCS_URL"
-#: Bounds on what is read as a catalog: file size, and nesting of JSON containers (the catalog has 6).
+#: Bounds on what is read as a catalog: file size, and nesting of JSON containers (the catalog has
+#: 6).
 MAX_CATALOG_BYTES = 32 * 1024 * 1024
 MAX_DEPTH = 32
 
 #: Key order of the stored JSON (keys not listed follow in sorted order).
 KEY_ORDER = [
-    "$schema", "schema_version", "package", "package_version", "docs_base_url", "scope", "upstream_shared",
+    "$schema",
+    "schema_version",
+    "package",
+    "package_version",
+    "docs_base_url",
+    "scope",
+    "upstream_shared",
     "errors",
-    "id", "id_basis", "algorithm", "input", "slug", "aliases", "external_aliases", "status", "removed_note",
-    "exception", "type", "message", "template", "kind", "placeholders", "name", "expr", "conversion", "spec",
-    "pattern", "regex", "previous_templates", "summary", "what_it_means", "when_it_happens", "trigger", "common_situations",
-    "solutions", "title", "body", "examples", "setup", "requires", "fixed", "guard", "predicate", "true_cases",
-    "false_cases", "recovery", "code", "source", "path", "line", "end_line", "function", "excerpt",
-    "start_line", "text", "docs_url", "api_url", "related", "relation", "area", "tags", "upstream",
-    "repository", "commit", "unpinned", "url", "statement", "ids", "note",
+    "id",
+    "id_basis",
+    "algorithm",
+    "input",
+    "slug",
+    "aliases",
+    "external_aliases",
+    "status",
+    "removed_note",
+    "exception",
+    "type",
+    "message",
+    "template",
+    "kind",
+    "placeholders",
+    "name",
+    "expr",
+    "conversion",
+    "spec",
+    "pattern",
+    "regex",
+    "previous_templates",
+    "summary",
+    "what_it_means",
+    "when_it_happens",
+    "trigger",
+    "common_situations",
+    "solutions",
+    "title",
+    "body",
+    "examples",
+    "setup",
+    "requires",
+    "fixed",
+    "guard",
+    "predicate",
+    "true_cases",
+    "false_cases",
+    "recovery",
+    "code",
+    "source",
+    "path",
+    "line",
+    "end_line",
+    "function",
+    "excerpt",
+    "start_line",
+    "text",
+    "docs_url",
+    "api_url",
+    "related",
+    "relation",
+    "area",
+    "tags",
+    "upstream",
+    "repository",
+    "commit",
+    "unpinned",
+    "url",
+    "statement",
+    "ids",
+    "note",
 ]
 _RANK = {key: i for i, key in enumerate(KEY_ORDER)}
 
@@ -56,8 +120,8 @@ class CatalogError(Exception):
 def entry_id(exception_type: str, template: str, qualifier: str = "") -> tuple[str, str]:
     """``(id, id_basis_input)`` for a new entry: the first 64 bits of SHA-256, as 16 hex digits.
 
-    ``qualifier`` (``path:function``) is appended only when the same message is raised in two places,
-    so that the second entry gets its own id.
+    ``qualifier`` (``path:function``) is appended only when the same message is raised in two
+    places, so that the second entry gets its own id.
     """
     basis = f"{ID_PREFIX}{exception_type}\x1f{template}" + (f"\x1f{qualifier}" if qualifier else "")
     return id_of_basis(basis), basis
@@ -81,8 +145,8 @@ def canonical(value):
 def dumps(catalog: dict) -> str:
     """The stored text: canonical key order, entries sorted by id, 2-space indent, final newline.
 
-    Characters UTF-8 cannot hold (a lone surrogate in a message) are written as JSON ``\\uXXXX`` escapes,
-    which read back as the same character.
+    Characters UTF-8 cannot hold (a lone surrogate in a message) are written as JSON ``\\uXXXX``
+    escapes, which read back as the same character.
     """
     catalog = dict(catalog, errors=sorted(catalog.get("errors", []), key=lambda e: e.get("id", "")))
     text = json.dumps(canonical(catalog), indent=2, ensure_ascii=False) + "\n"
@@ -98,8 +162,10 @@ def read_text(path: Union[str, Path]) -> str:
         if not stat.S_ISREG(info.st_mode):
             raise CatalogError(f"cannot read the catalog {path}: not a regular file")
         if info.st_size > MAX_CATALOG_BYTES:
-            raise CatalogError(f"cannot read the catalog {path}: {info.st_size} bytes, more than a catalog "
-                               f"can be ({MAX_CATALOG_BYTES})")
+            raise CatalogError(
+                f"cannot read the catalog {path}: {info.st_size} bytes, more than a catalog "
+                f"can be ({MAX_CATALOG_BYTES})"
+            )
         data = path.read_bytes()
     except OSError as exc:
         raise CatalogError(f"cannot read the catalog {path}: {exc.strerror or exc}") from None
@@ -108,8 +174,10 @@ def read_text(path: Union[str, Path]) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CatalogError(f"cannot read the catalog {path}: not UTF-8 text (byte 0x{data[exc.start]:02x} "
-                           f"at offset {exc.start})") from None
+        raise CatalogError(
+            f"cannot read the catalog {path}: not UTF-8 text (byte 0x{data[exc.start]:02x} "
+            f"at offset {exc.start})"
+        ) from None
 
 
 def _depth_exceeds(value, limit: int) -> bool:
@@ -120,7 +188,9 @@ def _depth_exceeds(value, limit: int) -> bool:
         if isinstance(item, (dict, list)):
             if depth > limit:
                 return True
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+            stack.extend(
+                (child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)
+            )
     return False
 
 
@@ -136,11 +206,16 @@ def parse(text: str, origin: str = "catalog") -> dict:
         raise CatalogError(f"{origin} is not valid JSON: {exc}") from None
     except RecursionError:
         raise CatalogError(f"{origin} nests JSON arrays or objects too deeply to read") from None
-    except ValueError:  # json.loads raises a plain ValueError only for an integer too long to convert
-        raise CatalogError(f"{origin} holds a number with more digits than can be read "
-                           f"({sys.get_int_max_str_digits()})") from None
+    # json.loads raises a plain ValueError only for an integer too long to convert
+    except ValueError:
+        raise CatalogError(
+            f"{origin} holds a number with more digits than can be read "
+            f"({sys.get_int_max_str_digits()})"
+        ) from None
     if _depth_exceeds(catalog, MAX_DEPTH):
-        raise CatalogError(f"{origin} nests JSON arrays or objects more than {MAX_DEPTH} levels deep")
+        raise CatalogError(
+            f"{origin} nests JSON arrays or objects more than {MAX_DEPTH} levels deep"
+        )
     if not isinstance(catalog, dict) or not isinstance(catalog.get("errors"), list):
         raise CatalogError(f"{origin} has no 'errors' list at the top level")
     if not all(isinstance(e, dict) and isinstance(e.get("id"), str) for e in catalog["errors"]):
@@ -148,14 +223,17 @@ def parse(text: str, origin: str = "catalog") -> dict:
     first = {}
     for index, entry in enumerate(catalog["errors"]):
         if entry["id"] in first:
-            raise CatalogError(f"{origin}: duplicate id {entry['id']!r} (entries {first[entry['id']]} and {index} "
-                               "of 'errors')")
+            raise CatalogError(
+                f"{origin}: duplicate id {entry['id']!r} (entries {first[entry['id']]} and {index} "
+                "of 'errors')"
+            )
         first[entry["id"]] = index
     return catalog
 
 
 def schema_problems(catalog: dict) -> list[tuple[str, str]]:
-    """``(json path, message)`` for every violation of ``errors/schema.json`` (needs ``jsonschema``)."""
+    """``(json path, message)`` for every violation of ``errors/schema.json`` (needs
+    ``jsonschema``)."""
     import jsonschema  # a test/tooling dependency: imported only when a check is asked for
 
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
@@ -167,8 +245,8 @@ def schema_problems(catalog: dict) -> list[tuple[str, str]]:
 def load(path: Union[str, Path, None] = None) -> dict:
     """The catalog at ``path`` (default: the shipped one), cached until the file changes.
 
-    ``CatalogError`` if it cannot be read, is not JSON, or (where ``jsonschema`` is installed) does not
-    validate against the schema.
+    ``CatalogError`` if it cannot be read, is not JSON, or (where ``jsonschema`` is installed) does
+    not validate against the schema.
     """
     path = Path(path) if path is not None else CATALOG_PATH
     try:
@@ -192,12 +270,14 @@ def _load_cached(path: str, stamp: int, size: int) -> dict:
 
 
 def docs_path(entry: dict) -> str:
-    """The entry page's path under the site's root: ``errors/<slug>/`` (``errors/<id>/`` redirects there)."""
+    """The entry page's path under the site's root: ``errors/<slug>/`` (``errors/<id>/`` redirects
+    there)."""
     return f"errors/{entry['slug']}/"
 
 
 def docs_url(entry: dict, catalog: Optional[dict] = None) -> str:
-    """The entry's page on the published site: ``<docs_base_url>/errors/<slug>/`` (the stored field)."""
+    """The entry's page on the published site: ``<docs_base_url>/errors/<slug>/`` (the stored
+    field)."""
     catalog = catalog if catalog is not None else load()
     return f"{catalog['docs_base_url'].rstrip('/')}/{docs_path(entry)}"
 
@@ -220,8 +300,12 @@ def api_url(entry: dict, catalog: Optional[dict] = None) -> str:
 
 def names(entry: dict) -> list[str]:
     """Everything that names the entry: id, slug, aliases and the ids of its external aliases."""
-    return [entry["id"], entry.get("slug"), *entry.get("aliases", []),
-            *(alias["id"] for alias in entry.get("external_aliases", []))]
+    return [
+        entry["id"],
+        entry.get("slug"),
+        *entry.get("aliases", []),
+        *(alias["id"] for alias in entry.get("external_aliases", [])),
+    ]
 
 
 def get(id_or_slug: str, catalog: Optional[dict] = None) -> dict:
@@ -239,7 +323,9 @@ def literal_length(entry: dict) -> int:
     return len(re.sub(r"\{[^{}]*\}", "", entry["message"]["template"]))
 
 
-def match(message: str, exception_type: Optional[str] = None, catalog: Optional[dict] = None) -> list[dict]:
+def match(
+    message: str, exception_type: Optional[str] = None, catalog: Optional[dict] = None
+) -> list[dict]:
     """Entries whose regex matches ``message`` in full: active before removed, most specific first.
 
     Entries whose template has no literal text (messages computed elsewhere) never match by message.
@@ -254,20 +340,30 @@ def match(message: str, exception_type: Optional[str] = None, catalog: Optional[
     return sorted(found, key=lambda e: (e["status"] == "removed", -literal_length(e), e["id"]))
 
 
-def match_pasted(message: str, exception_type: Optional[str], catalog: dict,
-                 upstream_dir: Optional[Path] = None) -> list[dict]:
+def match_pasted(
+    message: str, exception_type: Optional[str], catalog: dict, upstream_dir: Optional[Path] = None
+) -> list[dict]:
     """Entries for a pasted message, best first: the package's own templates and every upstream
     wording (``errors/upstream/*.json``, each mapped to its entry) compete on literal text, so an
     exact upstream wording (``block_table must have contiguous last dimension``) wins over a broad
     package template (``{name} must have contiguous last dimension``). At equal specificity the
     pasted exception type decides, then the package's own template."""
     by_id = {e["id"]: e for e in catalog["errors"]}
-    scored = [(literal_length(e), e["exception"]["type"] == exception_type, 1, e)
-              for e in match(message, catalog=catalog)]
+    scored = [
+        (literal_length(e), e["exception"]["type"] == exception_type, 1, e)
+        for e in match(message, catalog=catalog)
+    ]
     for found in upstream.match(message, upstream_dir or upstream.UPSTREAM_DIR):
         entry = by_id.get(found["entry"])
         if entry is not None:
-            scored.append((upstream.literal_length(found["template"]), found["exception"] == exception_type, 0, entry))
+            scored.append(
+                (
+                    upstream.literal_length(found["template"]),
+                    found["exception"] == exception_type,
+                    0,
+                    entry,
+                )
+            )
     scored.sort(key=lambda s: (s[3]["status"] == "removed", -s[0], not s[1], -s[2]))
     seen, ordered = set(), []
     for *_, entry in scored:
@@ -278,7 +374,8 @@ def match_pasted(message: str, exception_type: Optional[str], catalog: dict,
 
 
 def raise_location(exc: BaseException, root: Path = ROOT) -> Optional[tuple[str, int]]:
-    """``(path relative to root, line)`` of the innermost traceback frame inside :data:`PACKAGE_DIRS`."""
+    """``(path relative to root, line)`` of the innermost traceback frame inside
+    :data:`PACKAGE_DIRS`."""
     location = None
     for frame in traceback.extract_tb(exc.__traceback__):
         try:
@@ -295,7 +392,11 @@ def at_location(path: str, line: int, catalog: Optional[dict] = None) -> Optiona
     catalog = catalog if catalog is not None else load()
     for entry in catalog["errors"]:
         source = entry.get("source") or {}
-        if entry["status"] == "active" and source.get("path") == path and source["line"] <= line <= source["end_line"]:
+        if (
+            entry["status"] == "active"
+            and source.get("path") == path
+            and source["line"] <= line <= source["end_line"]
+        ):
             return entry
     return None
 
@@ -304,8 +405,8 @@ def lookup(query: Union[str, BaseException], catalog: Optional[dict] = None) -> 
     """The entry for an exception, or for text a user pasted; None when nothing in the catalog fits.
 
     An exception is found by its raise location, else by its message and type. Text is an id, slug,
-    alias or external alias id, or what :func:`errors.pasted.read` understands: a traceback (its last
-    exception), a ``Type: message`` line, an attn-ref note, a docs URL, or a bare message.
+    alias or external alias id, or what :func:`errors.pasted.read` understands: a traceback (its
+    last exception), a ``Type: message`` line, an attn-ref note, a docs URL, or a bare message.
     """
     catalog = catalog if catalog is not None else load()
     if isinstance(query, BaseException):
@@ -361,13 +462,29 @@ def render_markdown(entry: dict, catalog: dict) -> str:
     message, when, examples = entry["message"], entry["when_it_happens"], entry["examples"]
     lines = [f"# {entry['slug']}: {entry['summary']}", ""]
     if entry["status"] == "upstream_only":
-        lines += ["> **Note:** attn-ref never raises this error; upstream does (see \"Also raised upstream as\"). "
-                  "The examples show the same computation done with attn-ref.", ""]
+        lines += [
+            '> **Note:** attn-ref never raises this error; upstream does (see "Also raised '
+            'upstream as"). '
+            "The examples show the same computation done with attn-ref.",
+            "",
+        ]
     if entry["status"] == "removed":
-        lines += [f"> **Note:** this error is no longer raised. {entry.get('removed_note', '')}".rstrip(), ""]
+        lines += [
+            f"> **Note:** this error is no longer raised. {entry.get('removed_note', '')}".rstrip(),
+            "",
+        ]
     link = reader_docs_url(entry, catalog)
-    lines += [" · ".join([f"`{entry['exception']['type']}`", f"id `{entry['id']}`", f"area `{entry['area']}`",
-                          *([link] if link else [])]), ""]
+    lines += [
+        " · ".join(
+            [
+                f"`{entry['exception']['type']}`",
+                f"id `{entry['id']}`",
+                f"area `{entry['area']}`",
+                *([link] if link else []),
+            ]
+        ),
+        "",
+    ]
     for alias in entry.get("external_aliases", []):
         lines += [f"Also known as `{alias['id']}` ({alias['source']}).", ""]
     lines += [
@@ -395,26 +512,47 @@ def render_markdown(entry: dict, catalog: dict) -> str:
     lines += ["## Examples", ""]
     if examples.get("setup"):
         lines += ["Setup:", "", _code_block(examples["setup"]), ""]
-    for key, title in (("trigger", "Triggers the error"), ("fixed", "Fixed"),
-                       ("predicate", "Predicate (True when the error would be raised)"),
-                       ("guard", "Guard (after the predicate's definition)"), ("recovery", "Recovery")):
+    for key, title in (
+        ("trigger", "Triggers the error"),
+        ("fixed", "Fixed"),
+        ("predicate", "Predicate (True when the error would be raised)"),
+        ("guard", "Guard (after the predicate's definition)"),
+        ("recovery", "Recovery"),
+    ):
         if key not in examples:  # an upstream-only entry has only fixed and predicate
             continue
         lines += [f"{title}:", "", _code_block(examples[key]["code"]), ""]
         if key == "predicate":
             predicate = examples["predicate"]
-            lines += [f"- True (raises): {', '.join(f'`{c}`' for c in predicate['true_cases'])}",
-                      f"- False (fine): {', '.join(f'`{c}`' for c in predicate['false_cases'])}", ""]
+            lines += [
+                f"- True (raises): {', '.join(f'`{c}`' for c in predicate['true_cases'])}",
+                f"- False (fine): {', '.join(f'`{c}`' for c in predicate['false_cases'])}",
+                "",
+            ]
     source = entry.get("source")
     if source:
-        lines += [f"## Source: {source['path']}:{source['line']} in `{source['function']}`", "",
-                  _code_block(source["excerpt"]["text"]), ""]
+        lines += [
+            f"## Source: {source['path']}:{source['line']} in `{source['function']}`",
+            "",
+            _code_block(source["excerpt"]["text"]),
+            "",
+        ]
     if entry.get("upstream"):
         up = entry["upstream"]
-        where = f"`{up['repository']}`" + (f" at `{up['commit']}`" if up.get("commit") else
-                                           f" ({up['unpinned']})" if up.get("unpinned") else "")
-        lines += ["## Upstream", "", f"Shared with {where}: `{up['path']}`, `{up['function']}`. "
-                  f"{up.get('note', '')}".rstrip(), ""]
+        where = f"`{up['repository']}`" + (
+            f" at `{up['commit']}`"
+            if up.get("commit")
+            else f" ({up['unpinned']})"
+            if up.get("unpinned")
+            else ""
+        )
+        lines += [
+            "## Upstream",
+            "",
+            f"Shared with {where}: `{up['path']}`, `{up['function']}`. "
+            f"{up.get('note', '')}".rstrip(),
+            "",
+        ]
     lines += upstream.render_markdown_section(entry)
     if entry.get("related"):
         lines += ["## Related errors", ""]

@@ -5,20 +5,22 @@ Rules (each problem is reported with the rule's name):
 * ``load``: the file is JSON with an ``errors`` list.
 * ``schema``: it validates against ``errors/schema.json`` (draft 2020-12, with a ``FormatChecker``).
 * ``load``: also fails on a duplicated id (:func:`errors.catalog.parse`).
-* ``ids``: ``id`` is the first 16 hex digits of SHA-256 of ``id_basis.input``; ids, slugs, aliases and
-  external alias ids are unique; every ``related`` id exists and is not the entry itself.
-* ``upstream``: every ``upstream`` note says what it was checked against: ``commit`` (40 hex digits),
-  or, where the upstream version has no commit that can be named, ``unpinned`` saying so; not both.
+* ``ids``: ``id`` is the first 16 hex digits of SHA-256 of ``id_basis.input``; ids, slugs, aliases
+  and external alias ids are unique; every ``related`` id exists and is not the entry itself.
+* ``upstream``: every ``upstream`` note says what it was checked against: ``commit`` (40 hex
+  digits), or, where the upstream version has no commit that can be named, ``unpinned`` saying so;
+  not both.
 * ``upstream-messages``: every message of ``errors/upstream/*.json`` names the commit it was read at
   and maps to an entry the catalog has (:func:`errors.upstream.problems`).
-* ``coverage``: the AST scan of ``attn_ref/`` and ``kernels/`` and the active entries map one to one.
+* ``coverage``: the AST scan of ``attn_ref/`` and ``kernels/`` and the active entries map one to
+  one.
 * ``derived``: path, lines, function, excerpt and message (template, placeholders, regex) equal what
   the code says now (``python -m errors sync`` fixes this).
 * ``determinism``: syncing twice gives byte-identical text, equal to the file.
 * ``history``: against the catalog at a git revision (default ``HEAD``), no entry disappears, no
-  ``id_basis`` changes, no slug or external alias is lost (an old slug must stay as slug or alias), no
-  removed entry comes back. Skipped, and said so, outside a git work tree or where the catalog did not
-  exist at that revision; a revision git does not know is a problem, not a skip.
+  ``id_basis`` changes, no slug or external alias is lost (an old slug must stay as slug or alias),
+  no removed entry comes back. Skipped, and said so, outside a git work tree or where the catalog
+  did not exist at that revision; a revision git does not know is a problem, not a skip.
 * ``examples``: see :mod:`errors.examples`.
 """
 
@@ -33,8 +35,7 @@ from typing import Optional
 from . import catalog as cat
 from .examples import example_problems, skip_reason
 from .sync import describe_site, scan_package, sync
-from .upstream import UPSTREAM_DIR
-from .upstream import problems as upstream_message_problems
+from .upstream import UPSTREAM_DIR, problems as upstream_message_problems
 
 
 @dataclass
@@ -80,10 +81,18 @@ def upstream_problems(catalog: dict) -> list[tuple[str, str]]:
             continue
         given = [key for key in ("commit", "unpinned") if upstream.get(key)]
         if not given:
-            problems.append((entry["id"], "the upstream note names no commit: add upstream.commit (the upstream "
-                             "commit it was checked against) or upstream.unpinned (why none can be named)"))
+            problems.append(
+                (
+                    entry["id"],
+                    "the upstream note names no commit: add upstream.commit (the upstream "
+                    "commit it was checked against) or upstream.unpinned (why none can be "
+                    "named)",
+                )
+            )
         elif len(given) == 2:
-            problems.append((entry["id"], "upstream has both commit and unpinned; keep the one that is true"))
+            problems.append(
+                (entry["id"], "upstream has both commit and unpinned; keep the one that is true")
+            )
     return problems
 
 
@@ -95,7 +104,12 @@ def history_problems(catalog: dict, old_text: str) -> list[tuple[str, str]]:
     for entry in old["errors"]:
         new = now.get(entry["id"])
         if new is None:
-            problems.append((entry["id"], f"entry {entry.get('slug')} was deleted; set status to removed instead"))
+            problems.append(
+                (
+                    entry["id"],
+                    f"entry {entry.get('slug')} was deleted; set status to removed instead",
+                )
+            )
             continue
         if new.get("id_basis") != entry.get("id_basis"):
             problems.append((entry["id"], "id_basis changed; it is frozen at birth"))
@@ -106,18 +120,26 @@ def history_problems(catalog: dict, old_text: str) -> list[tuple[str, str]]:
         kept = {alias["id"] for alias in new.get("external_aliases", [])}
         for alias in entry.get("external_aliases", []):
             if alias.get("id") not in kept:
-                problems.append((entry["id"], f"external alias {alias.get('id')} was dropped; users paste it"))
+                problems.append(
+                    (entry["id"], f"external alias {alias.get('id')} was dropped; users paste it")
+                )
     return problems
 
 
 class NoHistory(Exception):
-    """There is no earlier catalog to compare with: the ``history`` rule is skipped, and says why."""
+    """There is no earlier catalog to compare with: the ``history`` rule is skipped, and says
+    why."""
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, errors="replace",
-                              timeout=60)
+        return subprocess.run(
+            ["git", "-C", str(root), *args],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=60,
+        )
     except OSError as exc:
         raise NoHistory(f"git cannot run: {exc.strerror or exc}") from None
     except subprocess.TimeoutExpired:
@@ -138,7 +160,9 @@ def git_text(root: Path, revision: str, path: Path) -> str:
         raise NoHistory(f"the catalog is outside {root}") from None
     if _git(root, "rev-parse", "--is-inside-work-tree").returncode != 0:
         raise NoHistory(f"{root} is not a git work tree")
-    commit = _git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}")
+    commit = _git(
+        root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}"
+    )
     if commit.returncode != 0:
         raise ValueError(f"unknown git revision {revision!r}")
     shown = _git(root, "show", f"{commit.stdout.strip()}:{rel}")
@@ -147,11 +171,17 @@ def git_text(root: Path, revision: str, path: Path) -> str:
     return shown.stdout
 
 
-def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_examples: bool = True,
-          base: Optional[str] = "HEAD", upstream_dir: Optional[Path] = None) -> Report:
+def check(
+    root: Path = cat.ROOT,
+    catalog_path: Path = cat.CATALOG_PATH,
+    run_examples: bool = True,
+    base: Optional[str] = "HEAD",
+    upstream_dir: Optional[Path] = None,
+) -> Report:
     """Run every rule; ``run_examples=False`` skips executing examples, ``base=None`` the git rule.
 
-    ``upstream_dir`` holds the upstream messages (default: ``upstream/`` beside the catalog file)."""
+    ``upstream_dir`` holds the upstream messages (default: ``upstream/`` beside the catalog
+    file)."""
     started = time.perf_counter()
     report = Report()
     root, catalog_path = Path(root), Path(catalog_path)
@@ -173,28 +203,46 @@ def check(root: Path = cat.ROOT, catalog_path: Path = cat.CATALOG_PATH, run_exam
     for where, message in upstream_problems(catalog):
         report.add("upstream", where, message)
 
-    upstream_dir = upstream_dir if upstream_dir is not None else catalog_path.with_name(UPSTREAM_DIR.name)
+    upstream_dir = (
+        upstream_dir if upstream_dir is not None else catalog_path.with_name(UPSTREAM_DIR.name)
+    )
     for where, message in upstream_message_problems(catalog, upstream_dir):
         report.add("upstream-messages", where, message)
 
     sites = scan_package(root)
     result = sync(catalog, sites, root)
     for site in result.unmatched_sites:
-        report.add("coverage", f"{site.path}:{site.line}", f"raise without a catalog entry: {describe_site(site)}")
+        report.add(
+            "coverage",
+            f"{site.path}:{site.line}",
+            f"raise without a catalog entry: {describe_site(site)}",
+        )
     for entry in result.unmatched_entries:
-        report.add("coverage", entry["id"], f"active entry {entry['slug']} has no raise in the code; "
-                   "fix its source or set status to removed")
+        report.add(
+            "coverage",
+            entry["id"],
+            f"active entry {entry['slug']} has no raise in the code; "
+            "fix its source or set status to removed",
+        )
     synced = cat.dumps(result.catalog)
     stored = {e["id"]: e for e in catalog["errors"]}
     for entry in result.catalog["errors"]:
         for key in ("source", "message", "docs_url", "api_url"):
             if entry.get(key) != stored[entry["id"]].get(key):
-                report.add("derived", entry["id"], f"{key} differs from the code (run: python -m errors sync)")
+                report.add(
+                    "derived",
+                    entry["id"],
+                    f"{key} differs from the code (run: python -m errors sync)",
+                )
     again = cat.dumps(sync(cat.parse(synced), sites, root).catalog)
     if again != synced:
         report.add("determinism", str(catalog_path), "syncing twice gives different text")
     elif synced != text:
-        report.add("determinism", str(catalog_path), "the file differs from a fresh sync (run: python -m errors sync)")
+        report.add(
+            "determinism",
+            str(catalog_path),
+            "the file differs from a fresh sync (run: python -m errors sync)",
+        )
 
     if base is not None:
         try:

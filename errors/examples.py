@@ -1,20 +1,20 @@
 """Run an entry's examples in-process and say what is wrong with them.
 
-Every example is ``examples.setup`` followed by the example's ``code``, executed in a fresh namespace
-(prints are swallowed). The rules:
+Every example is ``examples.setup`` followed by the example's ``code``, executed in a fresh
+namespace (prints are swallowed). The rules:
 
-* ``trigger`` must raise exactly the entry's exception type; the message must match the entry's regex
-  and no other active entry's (an identical message raised at another site is told apart by the next
-  rule only); the innermost traceback frame inside the package must lie on the entry's recorded raise
-  statement.
+* ``trigger`` must raise exactly the entry's exception type; the message must match the entry's
+  regex and no other active entry's (an identical message raised at another site is told apart by
+  the next rule only); the innermost traceback frame inside the package must lie on the entry's
+  recorded raise statement.
 * ``fixed``, ``guard`` and ``recovery`` must run without an exception; ``recovery`` must also have
   caught this entry's error: the recorded raise statement must fire while it runs (watched with
   ``sys.settrace``). The ``guard`` decides with the predicate: it runs after the ``predicate`` code,
   so it can call the predicate's function.
-* An error raised in a rank of :func:`attn_ref.sequence_parallel.launch` reaches the caller re-raised
-  by ``launch``, with each failing rank's traceback as a note (``--- rank R of N ---``). For such an
-  exception the raise location is the innermost package frame of the first rank's traceback (the
-  cause), so the rules above hold for it as for a local raise.
+* An error raised in a rank of :func:`attn_ref.sequence_parallel.launch` reaches the caller
+  re-raised by ``launch``, with each failing rank's traceback as a note (``--- rank R of N ---``).
+  For such an exception the raise location is the innermost package frame of the first rank's
+  traceback (the cause), so the rules above hold for it as for a local raise.
 * ``predicate``: after its ``code`` runs, every expression of ``true_cases`` must evaluate to
   ``True`` and every one of ``false_cases`` to ``False`` (real bools).
 
@@ -54,7 +54,11 @@ TRACE_FRAME = re.compile(r'^  File "(.+)", line (\d+), in ', re.MULTILINE)
 
 def predicate_name(examples: dict) -> str:
     """The name of the function the predicate example defines (its last top-level ``def``)."""
-    defs = [node.name for node in ast.parse(examples["predicate"]["code"]).body if isinstance(node, ast.FunctionDef)]
+    defs = [
+        node.name
+        for node in ast.parse(examples["predicate"]["code"]).body
+        if isinstance(node, ast.FunctionDef)
+    ]
     return defs[-1] if defs else ""
 
 
@@ -112,9 +116,13 @@ def _raised_problems(entry: dict, catalog: dict, exc: Exception, root: Path) -> 
     message = str(exc)
     if not re.fullmatch(entry["message"]["regex"], message):
         problems.append(f"trigger: message {message!r} does not match the entry's regex")
-    others = [e["slug"] for e in cat.match(message, catalog=catalog)
-              if e["id"] != entry["id"] and e["status"] == "active"
-              and e["message"]["template"] != entry["message"]["template"]]
+    others = [
+        e["slug"]
+        for e in cat.match(message, catalog=catalog)
+        if e["id"] != entry["id"]
+        and e["status"] == "active"
+        and e["message"]["template"] != entry["message"]["template"]
+    ]
     if others:
         problems.append(f"trigger: message {message!r} also matches {', '.join(others)}")
     source = entry["source"]
@@ -122,14 +130,16 @@ def _raised_problems(entry: dict, catalog: dict, exc: Exception, root: Path) -> 
     if location is None:
         problems.append("trigger: the exception did not come from the package")
     elif location[0] != source["path"] or not source["line"] <= location[1] <= source["end_line"]:
-        problems.append(f"trigger: raised at {location[0]}:{location[1]}, expected "
-                        f"{source['path']}:{source['line']}-{source['end_line']}")
+        problems.append(
+            f"trigger: raised at {location[0]}:{location[1]}, expected "
+            f"{source['path']}:{source['line']}-{source['end_line']}"
+        )
     return problems
 
 
 def raise_location(exc: BaseException, root: Path = cat.ROOT) -> Optional[tuple[str, int]]:
-    """``(path, line)`` of the package frame that raised ``exc``; for an exception relayed by ``launch``,
-    where the first failing rank raised it (module docstring)."""
+    """``(path, line)`` of the package frame that raised ``exc``; for an exception relayed by
+    ``launch``, where the first failing rank raised it (module docstring)."""
     location = cat.raise_location(exc, root)
     if location is None or location[0] != RELAY_PATH:
         return location
@@ -137,8 +147,13 @@ def raise_location(exc: BaseException, root: Path = cat.ROOT) -> Optional[tuple[
 
 
 def rank_location(exc: BaseException, root: Path = cat.ROOT) -> Optional[tuple[str, int]]:
-    """The innermost package frame of the first failing rank's traceback note on ``exc``, or None."""
-    traces = [RANK_NOTE.split(str(note), 1)[1] for note in getattr(exc, "__notes__", []) if RANK_NOTE.match(str(note))]
+    """The innermost package frame of the first failing rank's traceback note on ``exc``, or
+    None."""
+    traces = [
+        RANK_NOTE.split(str(note), 1)[1]
+        for note in getattr(exc, "__notes__", [])
+        if RANK_NOTE.match(str(note))
+    ]
     location = None
     for path, line in TRACE_FRAME.findall(traces[0] if traces else ""):
         try:
@@ -162,7 +177,11 @@ def watch_raise(entry: dict, root: Path = cat.ROOT):
     kind_of_file: dict = {}
 
     def in_raise_frame(frame, event, arg):
-        if event == "exception" and frame.f_lineno in lines and arg[0].__name__ == entry["exception"]["type"]:
+        if (
+            event == "exception"
+            and frame.f_lineno in lines
+            and arg[0].__name__ == entry["exception"]["type"]
+        ):
             hits.append(frame.f_lineno)
         return in_raise_frame
 
@@ -177,7 +196,9 @@ def watch_raise(entry: dict, root: Path = cat.ROOT):
         name = frame.f_code.co_filename
         if name not in kind_of_file:
             path = os.path.realpath(name)
-            kind_of_file[name] = in_raise_frame if path == target else in_relay_frame if path == relay else None
+            kind_of_file[name] = (
+                in_raise_frame if path == target else in_relay_frame if path == relay else None
+            )
         return kind_of_file[name]
 
     previous = sys.gettrace()
@@ -207,7 +228,8 @@ def clean_problems(entry: dict, kind: str, root: Path = cat.ROOT) -> list[str]:
 
 
 def predicate_problems(entry: dict) -> list[str]:
-    """What is wrong with the predicate example (empty when every case gives the recorded answer)."""
+    """What is wrong with the predicate example (empty when every case gives the recorded
+    answer)."""
     predicate = entry["examples"]["predicate"]
     try:
         namespace = _run(entry, "predicate", predicate["code"])
@@ -218,7 +240,9 @@ def predicate_problems(entry: dict) -> list[str]:
         for case in cases:
             try:
                 with contextlib.redirect_stdout(io.StringIO()):
-                    answer = eval(compile(case, f"<{entry['slug']}:predicate case>", "eval"), namespace)
+                    answer = eval(
+                        compile(case, f"<{entry['slug']}:predicate case>", "eval"), namespace
+                    )
             except Exception as exc:
                 problems.append(f"predicate: {case} raised {type(exc).__name__}: {exc}")
                 continue

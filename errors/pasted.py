@@ -3,10 +3,12 @@
 A paste is one of, in the order tried:
 
 * text with an attn-ref note line (``attn-ref error <id> ...``) after its last exception line: the
-  note's id (the note was attached at the raise, so it is exact even where two sites share a message);
+  note's id (the note was attached at the raise, so it is exact even where two sites share a
+  message);
 * a URL whose last path segment is a 16-hex id (``.../errors/<id>/``, ``.../api/errors/<id>.json``,
   or an external page's id): that id;
-* a URL of an entry page (``.../errors/<area>/<name>/``, the ``docs_url`` the notes print): its slug;
+* a URL of an entry page (``.../errors/<area>/<name>/``, the ``docs_url`` the notes print): its
+  slug;
 * a traceback or a single exception line (``ValueError: <message>``, ``builtins.ValueError: ...``,
   pytest's ``E   ValueError: ...``): the **last** exception line's type and message. A message may
   continue over the next lines, so every prefix of those lines (up to the notes) is a candidate,
@@ -31,7 +33,8 @@ from typing import Optional
 NOTE_PREFIX = "attn-ref error "
 #: Longest paste read (characters); the end of a traceback is what counts, so the start is dropped.
 MAX_CHARS = 200_000
-#: Where PyTorch's C++ context starts after a message (``Exception raised from <fn> at <file>:<line> ...``).
+#: Where PyTorch's C++ context starts after a message (``Exception raised from <fn> at <file>:<line>
+#: ...``).
 CPP_CONTEXT = "Exception raised from "
 #: Lines after an exception line that may still belong to its message.
 MAX_MESSAGE_LINES = 20
@@ -42,8 +45,12 @@ MAX_MESSAGE_CHARS = 20_000
 _NOTE = re.compile(re.escape(NOTE_PREFIX) + r"([0-9a-f]{16})\b")
 _URL_ID = re.compile(r"\Ahttps?://\S*?([0-9a-f]{16})(?:/|\.json|\.html)?(?:[?#]\S*)?\Z")
 _TYPE = r"(?:[A-Za-z_]\w*\.)*(?P<type>[A-Za-z_]\w*(?:Error|Exception|Warning|Exit|Interrupt))"
-_EXCEPTION_LINE = re.compile(r"\A(?P<indent>\s*(?:E\s+)?)" + _TYPE + r"(?::(?: (?P<message>.*)|\s*))?\Z")
-_URL_SLUG = re.compile(r"\Ahttps?://\S*?/errors/([a-z0-9-]+/[a-z0-9-]+)/?(?:index\.html)?(?:[?#]\S*)?\Z")
+_EXCEPTION_LINE = re.compile(
+    r"\A(?P<indent>\s*(?:E\s+)?)" + _TYPE + r"(?::(?: (?P<message>.*)|\s*))?\Z"
+)
+_URL_SLUG = re.compile(
+    r"\Ahttps?://\S*?/errors/([a-z0-9-]+/[a-z0-9-]+)/?(?:index\.html)?(?:[?#]\S*)?\Z"
+)
 _REPR = re.compile(r"\A" + _TYPE + r"\((?P<args>.*)\)\Z", re.DOTALL)
 
 
@@ -77,8 +84,11 @@ def read(text: str) -> Pasted:
         note = _last_note(lines)
         return Pasted(id=note, messages=_short([text]) if note is None else [])
     line = _EXCEPTION_LINE.match(lines[last])
-    return Pasted(id=_last_note(lines[last + 1:]), exception_type=line.group("type"),
-                  messages=_short(_messages(line, lines[last + 1:])))
+    return Pasted(
+        id=_last_note(lines[last + 1 :]),
+        exception_type=line.group("type"),
+        messages=_short(_messages(line, lines[last + 1 :])),
+    )
 
 
 def _short(messages: list[str]) -> list[str]:
@@ -92,12 +102,13 @@ def _last_note(lines: list[str]) -> Optional[str]:
 
 def _messages(line: re.Match, following: list[str]) -> list[str]:
     """Candidate messages of an exception line: with n, n-1, ..., 0 continuation lines."""
-    first, indent = line.group("message") or "", line.group("indent")  # pytest repeats "E   " on each line
+    # pytest repeats "E   " on each line
+    first, indent = line.group("message") or "", line.group("indent")
     rest = []
     for extra in following[:MAX_MESSAGE_LINES]:
         if _NOTE.search(extra):
             break
-        rest.append(extra[len(indent):] if indent and extra.startswith(indent) else extra)
+        rest.append(extra[len(indent) :] if indent and extra.startswith(indent) else extra)
     while rest and not rest[-1].strip():
         rest.pop()
     found = ["\n".join([first, *rest[:n]]) for n in range(len(rest), -1, -1)]

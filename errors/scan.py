@@ -1,4 +1,5 @@
-"""Find every deliberate ``raise`` of a catalogued exception type in a Python tree, without importing it.
+"""Find every deliberate ``raise`` of a catalogued exception type in a Python tree, without
+importing it.
 
 A *raise site* is one ``raise T(...)`` statement where ``T`` is ``ValueError``, ``TypeError``,
 ``NotImplementedError`` or a class of the scanned tree that derives from one of them. For each site
@@ -9,14 +10,14 @@ matches every message the site can render.
 Template extraction (the message argument is the first positional argument of the call):
 
 * f-string ``f"{name} must have dtype {dtype}, got {x.dtype}"`` -> ``{name} must have dtype {dtype},
-  got {x_dtype}``. A placeholder is named after its expression: the identifier itself, else a slug of
-  the expression source (``tuple(x.shape)`` -> ``tuple_x_shape``). Literal braces are doubled.
+  got {x_dtype}``. A placeholder is named after its expression: the identifier itself, else a slug
+  of the expression source (``tuple(x.shape)`` -> ``tuple_x_shape``). Literal braces are doubled.
 * plain literal ``"v_cache must be provided"``; ``"%s ..." % (a,)``; ``"{} ...".format(a)``.
 * a name bound earlier in the same function (``msg = f"..."; raise ValueError(msg)``): the last
-  assignment before the raise is followed; when that value is computed elsewhere, the template is the
-  name itself (``raise NotImplementedError(reason)`` -> ``{reason}``).
-* a module-level literal constant (``raise NotImplementedError(MESSAGE)``, or ``{MAX_SPLITS}`` inside
-  an f-string) is inlined as the text it renders to.
+  assignment before the raise is followed; when that value is computed elsewhere, the template is
+  the name itself (``raise NotImplementedError(reason)`` -> ``{reason}``).
+* a module-level literal constant (``raise NotImplementedError(MESSAGE)``, or ``{MAX_SPLITS}``
+  inside an f-string) is inlined as the text it renders to.
 * anything else (a message computed elsewhere) is *dynamic*: the template is one placeholder.
 
 A placeholder is named after its expression, cut to :data:`MAX_NAME` characters (plus a short hash
@@ -27,16 +28,16 @@ Robustness: files that are not regular files, are binary, too large, not decodab
 twice or waited on. The scan is linear in the size of the tree: each function's annotations and
 assignments are collected once, however many raises it holds.
 
-Regex: literal text escaped, each placeholder a lazy ``(?P<name>.*?)`` group (a value may render empty) (a repeated expression
-becomes a back-reference), anchored ``\\A...\\Z`` with DOTALL. A placeholder is narrowed when its type
-is evident from the code: a ``:d`` spec or an ``int`` annotation or ``len()`` -> an integer, a
-``torch.dtype`` annotation or a ``.dtype`` attribute -> ``torch.<name>``, ``tuple(...)`` -> a
-parenthesised tuple, ``type(x).__name__`` -> an identifier. Narrowing keeps the regexes of generic
-helper messages (``{name} must have dtype {dtype}``) from matching specific ones. A parameter of a
-private helper for which every call passes a string literal (the calls of its module and of the
-modules of the tree that import it by name) matches only those literals
-(:func:`literal_arguments`): ``{name} must have contiguous last dimension`` is about ``k_cache``,
-``v_cache``, ``qv`` and ``out``, not ``block_table``.
+Regex: literal text escaped, each placeholder a lazy ``(?P<name>.*?)`` group (a value may render
+empty) (a repeated expression becomes a back-reference), anchored ``\\A...\\Z`` with DOTALL. A
+placeholder is narrowed when its type is evident from the code: a ``:d`` spec or an ``int``
+annotation or ``len()`` -> an integer, a ``torch.dtype`` annotation or a ``.dtype`` attribute ->
+``torch.<name>``, ``tuple(...)`` -> a parenthesised tuple, ``type(x).__name__`` -> an identifier.
+Narrowing keeps the regexes of generic helper messages (``{name} must have dtype {dtype}``) from
+matching specific ones. A parameter of a private helper for which every call passes a string literal
+(the calls of its module and of the modules of the tree that import it by name) matches only those
+literals (:func:`literal_arguments`): ``{name} must have contiguous last dimension`` is about
+``k_cache``, ``v_cache``, ``qv`` and ``out``, not ``block_table``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ from typing import Iterator, Optional
 CATALOGUED_TYPES = ("ValueError", "TypeError", "NotImplementedError")
 #: Folders never entered when scanning a tree.
 SKIPPED_DIRS = {".git", ".venv", "venv", "__pycache__", "build", "dist", "site", "node_modules"}
-#: Lines of context kept before and after the raise statement in an excerpt (clipped to the function).
+#: Lines of context kept before and after the raise statement in an excerpt (clipped to the
+#: function).
 EXCERPT_BEFORE, EXCERPT_AFTER = 4, 2
 #: Longest placeholder name taken from an expression (longer ones are cut and get a hash suffix).
 MAX_NAME = 40
@@ -85,8 +87,13 @@ class Placeholder:
     pattern: str = _ANY
 
     def as_json(self) -> dict:
-        return {"name": self.name, "expr": self.expr, "conversion": self.conversion, "spec": self.spec,
-                "pattern": self.pattern}
+        return {
+            "name": self.name,
+            "expr": self.expr,
+            "conversion": self.conversion,
+            "spec": self.spec,
+            "pattern": self.pattern,
+        }
 
 
 @dataclass
@@ -128,7 +135,8 @@ class Message:
 
 @dataclass
 class RaiseSite:
-    """One ``raise`` statement of a catalogued type. Lines are 1-based; ``path`` is relative, POSIX."""
+    """One ``raise`` statement of a catalogued type. Lines are 1-based; ``path`` is relative,
+    POSIX."""
 
     path: str
     line: int
@@ -149,8 +157,11 @@ class RaiseSite:
             "line": self.line,
             "end_line": self.end_line,
             "function": self.function,
-            "excerpt": {"start_line": self.excerpt_start, "end_line": self.excerpt_end,
-                        "text": self.excerpt_text},
+            "excerpt": {
+                "start_line": self.excerpt_start,
+                "end_line": self.excerpt_end,
+                "text": self.excerpt_text,
+            },
         }
 
     def message_json(self) -> dict:
@@ -177,13 +188,23 @@ def placeholder_name(expr: ast.expr) -> str:
     if len(slug) <= MAX_NAME:
         return slug
     digest = hashlib.sha256(source.encode("utf-8", "backslashreplace")).hexdigest()[:6]
-    return f"{slug[:MAX_NAME - 7].rstrip('_')}_{digest}"
+    return f"{slug[: MAX_NAME - 7].rstrip('_')}_{digest}"
 
 
-def _narrow(expr: ast.expr, spec: Optional[str], conversion: Optional[str], annotations: dict,
-            choices: Optional[dict] = None) -> str:
+def _narrow(
+    expr: ast.expr,
+    spec: Optional[str],
+    conversion: Optional[str],
+    annotations: dict,
+    choices: Optional[dict] = None,
+) -> str:
     """The tightest pattern that the code makes evident for a rendered expression."""
-    if conversion is None and spec is None and isinstance(expr, ast.Name) and (choices or {}).get(expr.id):
+    if (
+        conversion is None
+        and spec is None
+        and isinstance(expr, ast.Name)
+        and (choices or {}).get(expr.id)
+    ):
         return "(?:" + "|".join(re.escape(c).replace("\\ ", " ") for c in choices[expr.id]) + ")"
     if spec:
         if spec[-1] in "dxob":
@@ -213,10 +234,14 @@ def _narrow(expr: ast.expr, spec: Optional[str], conversion: Optional[str], anno
 class _MessageReader:
     """Turns the message argument of a raise into a :class:`Message`."""
 
-    def __init__(self, annotations: dict, assignments: dict, constants: dict, choices: Optional[dict] = None):
+    def __init__(
+        self, annotations: dict, assignments: dict, constants: dict, choices: Optional[dict] = None
+    ):
         self.annotations = annotations  # parameter name -> annotation source
-        self.choices = choices or {}  # parameter name -> the string literals every call passes for it
-        self.assignments = assignments  # variable name -> ([line, ...] sorted, [value node, ...]) in the function
+        # parameter name -> the string literals every call passes for it
+        self.choices = choices or {}
+        # variable name -> ([line, ...] sorted, [value node, ...]) in the function
+        self.assignments = assignments
         self.constants = constants  # module-level NAME -> literal value (str, number, tuple, ...)
 
     def read(self, arg: Optional[ast.expr], line: int) -> Message:
@@ -238,14 +263,23 @@ class _MessageReader:
         if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Mod) and _is_str(arg.left):
             values = arg.right.elts if isinstance(arg.right, ast.Tuple) else [arg.right]
             return self._printf(arg.left.value, values) or self._dynamic(arg)
-        if (isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr == "format"
-                and _is_str(arg.func.value)):
+        if (
+            isinstance(arg, ast.Call)
+            and isinstance(arg.func, ast.Attribute)
+            and arg.func.attr == "format"
+            and _is_str(arg.func.value)
+        ):
             return self._format(arg.func.value.value, arg) or self._dynamic(arg)
         return self._dynamic(arg)
 
     def _placeholder(self, expr: ast.expr, conversion=None, spec=None) -> Placeholder:
-        return Placeholder(placeholder_name(expr), ast.unparse(expr), conversion, spec,
-                           _narrow(expr, spec, conversion, self.annotations, self.choices))
+        return Placeholder(
+            placeholder_name(expr),
+            ast.unparse(expr),
+            conversion,
+            spec,
+            _narrow(expr, spec, conversion, self.annotations, self.choices),
+        )
 
     def _dynamic(self, arg: ast.expr) -> Message:
         return Message("dynamic", [self._placeholder(arg)])
@@ -259,8 +293,10 @@ class _MessageReader:
                 conversion = chr(value.conversion) if value.conversion != -1 else None
                 spec = None
                 if value.format_spec is not None:
-                    spec = "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
-                                   for v in value.format_spec.values)
+                    spec = "".join(
+                        v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                        for v in value.format_spec.values
+                    )
                 constant = self._render_constant(value.value, conversion, spec)
                 if constant is not None:
                     _append_text(parts, constant)
@@ -268,8 +304,11 @@ class _MessageReader:
                     parts.append(self._placeholder(value.value, conversion, spec))
         return parts
 
-    def _render_constant(self, expr: ast.expr, conversion: Optional[str], spec: Optional[str]) -> Optional[str]:
-        """The rendered text of a module-level literal constant (``{MAX_NUM_SPLITS}`` -> ``256``)."""
+    def _render_constant(
+        self, expr: ast.expr, conversion: Optional[str], spec: Optional[str]
+    ) -> Optional[str]:
+        """The rendered text of a module-level literal constant (``{MAX_NUM_SPLITS}`` ->
+        ``256``)."""
         if not isinstance(expr, ast.Name) or expr.id not in self.constants:
             return None
         value = self.constants[expr.id]
@@ -332,7 +371,8 @@ def _append_text(parts: list, text: str) -> None:
 
 
 def _exception_name(node: ast.expr) -> Optional[str]:
-    """``ValueError`` for ``raise ValueError(...)``, ``raise ValueError`` or ``raise mod.ValueError(...)``."""
+    """``ValueError`` for ``raise ValueError(...)``, ``raise ValueError`` or ``raise
+    mod.ValueError(...)``."""
     target = node.func if isinstance(node, ast.Call) else node
     if isinstance(target, ast.Name):
         return target.id
@@ -342,7 +382,8 @@ def _exception_name(node: ast.expr) -> Optional[str]:
 
 
 def catalogued_classes(trees: dict[str, ast.Module]) -> set[str]:
-    """The catalogued built-in types plus every class of the trees deriving from one (transitively)."""
+    """The catalogued built-in types plus every class of the trees deriving from one
+    (transitively)."""
     subclasses: dict = {}
     for module in trees.values():
         for node in ast.walk(module):
@@ -361,9 +402,17 @@ def catalogued_classes(trees: dict[str, ast.Module]) -> set[str]:
 class _SiteCollector(ast.NodeVisitor):
     """Walks one module, keeping the qualified name of the enclosing function or class."""
 
-    def __init__(self, path: str, lines: list[str], types: set[str], constants: dict, choices: Optional[dict] = None):
+    def __init__(
+        self,
+        path: str,
+        lines: list[str],
+        types: set[str],
+        constants: dict,
+        choices: Optional[dict] = None,
+    ):
         self.path, self.lines, self.types, self.constants = path, lines, types, constants
-        self.choices = choices or {}  # private function name -> {parameter: literal values of every call}
+        # private function name -> {parameter: literal values of every call}
+        self.choices = choices or {}
         self.scope: list[ast.AST] = []
         self.sites: list[RaiseSite] = []
         self._readers: dict = {}  # id(function node) -> its _MessageReader, built once per function
@@ -376,14 +425,26 @@ class _SiteCollector(ast.NodeVisitor):
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _enter
 
     def _function(self):
-        return next((n for n in reversed(self.scope) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
-                    None)
+        return next(
+            (
+                n
+                for n in reversed(self.scope)
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ),
+            None,
+        )
 
     def _reader(self, function) -> _MessageReader:
         key = id(function)
         if key not in self._readers:
-            choices = self.choices.get(function.name, {}) if function is not None and len(self.scope) == 1 else {}
-            self._readers[key] = _MessageReader(_annotations(function), _assignments(function), self.constants, choices)
+            choices = (
+                self.choices.get(function.name, {})
+                if function is not None and len(self.scope) == 1
+                else {}
+            )
+            self._readers[key] = _MessageReader(
+                _annotations(function), _assignments(function), self.constants, choices
+            )
         return self._readers[key]
 
     def visit_Raise(self, node: ast.Raise) -> None:
@@ -398,23 +459,27 @@ class _SiteCollector(ast.NodeVisitor):
         last = function.end_lineno if function is not None else len(self.lines)
         start = max(first, node.lineno - EXCERPT_BEFORE)
         end = min(last, node.end_lineno + EXCERPT_AFTER)
-        self.sites.append(RaiseSite(
-            path=self.path,
-            line=node.lineno,
-            end_line=node.end_lineno,
-            function=".".join(n.name for n in self.scope) or "<module>",
-            exception=name,
-            message=message,
-            excerpt_start=start,
-            excerpt_text="\n".join(self.lines[start - 1:end]),
-        ))
+        self.sites.append(
+            RaiseSite(
+                path=self.path,
+                line=node.lineno,
+                end_line=node.end_lineno,
+                function=".".join(n.name for n in self.scope) or "<module>",
+                exception=name,
+                message=message,
+                excerpt_start=start,
+                excerpt_text="\n".join(self.lines[start - 1 : end]),
+            )
+        )
 
 
 def module_constants(module: ast.Module) -> dict:
     """Module-level ``NAME = <literal>`` assignments (names in upper case, assigned once)."""
     found, seen = {}, set()
     for node in module.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        target = (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        )
         if isinstance(node, ast.AnnAssign) and node.value is not None:
             target = node.target
         if not isinstance(target, ast.Name) or not target.id.isupper():
@@ -431,22 +496,26 @@ def module_constants(module: ast.Module) -> dict:
 
 
 def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
-    """``name -> {parameter: (literal, ...)}`` for the module's private top-level functions (``_name``)
-    whose every call passes a string literal for that parameter: every call in the module and in the
-    ``importers``, ``(module, {local name: function name})`` pairs of the modules that import its
-    functions with ``from ... import _name`` (:func:`private_importers` finds them).
+    """``name -> {parameter: (literal, ...)}`` for the module's private top-level functions
+    (``_name``) whose every call passes a string literal for that parameter: every call in the
+    module and in the ``importers``, ``(module, {local name: function name})`` pairs of the modules
+    that import its functions with ``from ... import _name`` (:func:`private_importers` finds them).
 
-    A message such as ``f"{name} must have contiguous last dimension"`` then matches only the names the
-    code passes (``k_cache``, ``v_cache``...), not any argument of another library. A call with
+    A message such as ``f"{name} must have contiguous last dimension"`` then matches only the names
+    the code passes (``k_cache``, ``v_cache``...), not any argument of another library. A call with
     ``*args`` or ``**kwargs``, or a reference that is not a call, makes every parameter open; so
     does any use :func:`scan_files` cannot follow (an attribute ``module._name``, an import it
     cannot resolve to a scanned file).
     """
-    functions = {n.name: n for n in module.body
-                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("_")}
+    functions = {
+        n.name: n
+        for n in module.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("_")
+    }
     found: dict = {name: {} for name in functions}
     for tree, names in ((module, {name: name for name in functions}), *importers):
-        names = {local: name for local, name in names.items() if name in functions}  # functions only
+        # functions only
+        names = {local: name for local, name in names.items() if name in functions}
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
                 values = found[names[node.id]]
@@ -459,8 +528,9 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
             values["<referenced>"] = values.get("<referenced>", 0) - 1  # this reference is a call
             args = functions[function].args
             params = [a.arg for a in (*args.posonlyargs, *args.args)]
-            open_call = (any(isinstance(a, ast.Starred) for a in node.args)
-                         or any(k.arg is None for k in node.keywords))
+            open_call = any(isinstance(a, ast.Starred) for a in node.args) or any(
+                k.arg is None for k in node.keywords
+            )
             given = dict(zip(params, node.args))
             given.update({k.arg: k.value for k in node.keywords if k.arg})
             for param in params:
@@ -470,8 +540,11 @@ def literal_arguments(module: ast.Module, importers: tuple = ()) -> dict:
                     values.setdefault(param, set()).add(arg.value)
                 else:
                     values[param] = None
-    return {name: {p: tuple(sorted(v)) for p, v in values.items() if p != "<referenced>" and v}
-            for name, values in found.items() if values and values.get("<referenced>", 0) == 0}
+    return {
+        name: {p: tuple(sorted(v)) for p, v in values.items() if p != "<referenced>" and v}
+        for name, values in found.items()
+        if values and values.get("<referenced>", 0) == 0
+    }
 
 
 def private_importers(trees: dict[str, ast.Module]) -> tuple[dict, set[str]]:
@@ -508,7 +581,7 @@ def _imported_file(rel: str, node: ast.ImportFrom, trees: dict) -> Optional[str]
     folders = rel.split("/")[:-1]
     if node.level > len(folders) + 1:
         return None
-    base = folders[:len(folders) - node.level + 1] if node.level else []
+    base = folders[: len(folders) - node.level + 1] if node.level else []
     dotted = "/".join(base + (node.module.split(".") if node.module else []))
     return next((path for path in (dotted + ".py", dotted + "/__init__.py") if path in trees), None)
 
@@ -522,19 +595,29 @@ def _annotations(function) -> dict:
 
 
 def _assignments(function) -> dict:
-    """``name -> ([line, ...], [value, ...])`` of the function's ``name = value`` statements, by line."""
+    """``name -> ([line, ...], [value, ...])`` of the function's ``name = value`` statements, by
+    line."""
     found: dict = {}
     if function is None:
         return found
     for node in ast.walk(function):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             found.setdefault(node.targets[0].id, []).append((node.lineno, node.value))
-    return {name: ([at for at, _ in items], [value for _, value in items])
-            for name, items in ((name, sorted(items, key=lambda item: item[0])) for name, items in found.items())}
+    return {
+        name: ([at for at, _ in items], [value for _, value in items])
+        for name, items in (
+            (name, sorted(items, key=lambda item: item[0])) for name, items in found.items()
+        )
+    }
 
 
 def python_files(root: Path, folders: Optional[list[str]] = None) -> Iterator[Path]:
-    """``*.py`` paths under ``root`` (or the given sub-folders or files), sorted, skipping build folders.
+    """``*.py`` paths under ``root`` (or the given sub-folders or files), sorted, skipping build
+    folders.
 
     Every path found is yielded, also one that is not a regular file: :func:`scan` reports those.
     """
@@ -551,7 +634,8 @@ def python_files(root: Path, folders: Optional[list[str]] = None) -> Iterator[Pa
 def read_source(path: Path) -> str:
     """The decoded text of a Python file (PEP 263 encoding, default UTF-8).
 
-    ``ValueError`` with a readable reason for anything but a regular, text, decodable file of at most
+    ``ValueError`` with a readable reason for anything but a regular, text, decodable file of at
+    most
     :data:`MAX_SOURCE_BYTES`; a FIFO or device is never opened.
     """
     try:
@@ -621,8 +705,9 @@ def scan_files(root: Path, paths: list[Path]) -> tuple[list[RaiseSite], list[str
 
 def scan_path(path_text: str) -> tuple[list[RaiseSite], list[str]]:
     """:func:`scan` of a file or folder named on the command line (paths relative to it, or to the
-    file's folder). ``ScanError`` when nothing could be scanned: the path is empty, missing, neither a
-    regular file nor a folder, holds no ``*.py`` file, or none of its files could be read or parsed."""
+    file's folder). ``ScanError`` when nothing could be scanned: the path is empty, missing, neither
+    a regular file nor a folder, holds no ``*.py`` file, or none of its files could be read or
+    parsed."""
     if not path_text.strip():
         raise ScanError("the path is empty: give a Python file or a folder")
     path = Path(path_text)
@@ -638,6 +723,10 @@ def scan_path(path_text: str) -> tuple[list[RaiseSite], list[str]]:
         raise ScanError(f"{path_text} does not exist")
     sites, problems = scan_files(root, paths)
     if len(problems) == len(paths):
-        raise ScanError(f"nothing could be scanned: {problems[0]}" if len(paths) == 1 else
-                        f"nothing could be scanned: none of the {len(paths)} files could be read ({problems[0]}; ...)")
+        raise ScanError(
+            f"nothing could be scanned: {problems[0]}"
+            if len(paths) == 1
+            else f"nothing could be scanned: none of the {len(paths)} files could be read "
+            f"({problems[0]}; ...)"
+        )
     return sites, problems

@@ -1,10 +1,10 @@
 """Refresh the derived fields of the catalog from the code; never touch the authored ones.
 
-Derived (rewritten here): ``source`` (path, line, end_line, function, excerpt), ``message`` (template,
-kind, placeholders, regex; an old template moves to ``previous_templates`` when the wording changes),
-``docs_url``/``api_url`` per entry, and at the top ``package_version`` and ``upstream_shared``.
-Everything else (id, id_basis, slug, summary, explanations, solutions, examples, related, area,
-tags, upstream, status) is authored and copied through unchanged.
+Derived (rewritten here): ``source`` (path, line, end_line, function, excerpt), ``message``
+(template, kind, placeholders, regex; an old template moves to ``previous_templates`` when the
+wording changes), ``docs_url``/``api_url`` per entry, and at the top ``package_version`` and
+``upstream_shared``. Everything else (id, id_basis, slug, summary, explanations, solutions,
+examples, related, area, tags, upstream, status) is authored and copied through unchanged.
 
 Active entries are paired with raise sites in three passes, each taking only what is left:
 
@@ -24,17 +24,19 @@ import copy
 import os
 import re
 import tempfile
-import tomllib
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import tomllib
+
 from . import catalog as cat
 from .scan import RaiseSite, scan
 
 UPSTREAM_STATEMENT = (
-    "Entries with an 'upstream' field are raised with the same message by sglang (or by the FlashAttention "
+    "Entries with an 'upstream' field are raised with the same message by sglang (or by the "
+    "FlashAttention "
     "code it builds on), possibly as a different exception type (see each entry's upstream note); "
     "all other entries are this package's own."
 )
@@ -51,7 +53,12 @@ class SyncResult:
 def _pair(entries: list[dict], sites: list[RaiseSite]):
     pairs, entries, sites = [], list(entries), list(sites)
     keys = (
-        lambda e: (e["exception"]["type"], e["message"]["template"], e["source"]["path"], e["source"]["function"]),
+        lambda e: (
+            e["exception"]["type"],
+            e["message"]["template"],
+            e["source"]["path"],
+            e["source"]["function"],
+        ),
         lambda e: (e["exception"]["type"], e["message"]["template"]),
         lambda e: (e["exception"]["type"], e["source"]["path"], e["source"]["function"]),
     )
@@ -96,7 +103,10 @@ def sync(catalog: dict, sites: list[RaiseSite], root: Optional[Path] = None) -> 
     for entry, site in pairs:
         message = site.message_json()
         previous = list(entry["message"].get("previous_templates", []))
-        if entry["message"]["template"] != message["template"] and entry["message"]["template"] not in previous:
+        if (
+            entry["message"]["template"] != message["template"]
+            and entry["message"]["template"] not in previous
+        ):
             previous.append(entry["message"]["template"])
         if previous:
             message["previous_templates"] = previous
@@ -139,14 +149,18 @@ def sync_file(path: Path = cat.CATALOG_PATH, root: Path = cat.ROOT) -> tuple[Syn
     catalog = cat.parse(text, str(path))
     problems = cat.schema_problems(catalog)
     if problems:
-        raise cat.CatalogError(f"{path} does not match the catalog schema at {problems[0][0]}: {problems[0][1]}")
+        raise cat.CatalogError(
+            f"{path} does not match the catalog schema at {problems[0][0]}: {problems[0][1]}"
+        )
     result = sync(catalog, scan_package(root), root)
     new_text = cat.dumps(result.catalog)
     if new_text != text:
         try:
             _replace(Path(path), new_text)
         except OSError as exc:
-            raise cat.CatalogError(f"cannot write the catalog {path}: {exc.strerror or exc}") from None
+            raise cat.CatalogError(
+                f"cannot write the catalog {path}: {exc.strerror or exc}"
+            ) from None
     return result, new_text != text
 
 

@@ -5,11 +5,11 @@ A file says what was read and holds every message found there (:mod:`errors.upst
 * ``source`` (the file's name), ``title``, ``repository``;
 * ``files``: ``[{path, commit | unpinned, functions?}]``, what is scanned in a checkout of the
   repository (``functions``: only messages raised there; absent: every message of the file);
-* ``messages``: ``[{path, commit | unpinned, function, kind, exception, template, regex, occurrences,
-  entry}]`` in source order, one per distinct (path, function, template). ``entry`` is authored: the
-  catalog id of the entry for the same condition (an entry the package raises, or an upstream-only
-  entry). Everything else is derived by :func:`refresh`, which keeps each message's ``entry`` (by
-  template) when the list is scanned again.
+* ``messages``: ``[{path, commit | unpinned, function, kind, exception, template, regex,
+  occurrences, entry}]`` in source order, one per distinct (path, function, template). ``entry`` is
+  authored: the catalog id of the entry for the same condition (an entry the package raises, or an
+  upstream-only entry). Everything else is derived by :func:`refresh`, which keeps each message's
+  ``entry`` (by template) when the list is scanned again.
 
 ``python -m errors scan-upstream CHECKOUT FILE`` refreshes a file from a checkout;
 ``python -m errors check`` fails when a message has no entry or names one the catalog lacks.
@@ -38,7 +38,8 @@ def data_files(folder: Path = UPSTREAM_DIR) -> list[Path]:
 
 
 def refresh(data: dict, checkout: Path) -> dict:
-    """``data`` with its messages scanned again from ``checkout``; authored ``entry`` fields kept."""
+    """``data`` with its messages scanned again from ``checkout``; authored ``entry`` fields
+    kept."""
     entries = {m["template"]: m.get("entry") for m in data.get("messages", [])}
     messages, index = [], {}
     for spec in data["files"]:
@@ -49,8 +50,13 @@ def refresh(data: dict, checkout: Path) -> dict:
             if key in index:
                 index[key]["occurrences"] += 1
                 continue
-            row = {"path": found.path, **pin, **{k: v for k, v in found.as_json().items() if k != "path"},
-                   "occurrences": 1, "entry": entries.get(found.message.template)}
+            row = {
+                "path": found.path,
+                **pin,
+                **{k: v for k, v in found.as_json().items() if k != "path"},
+                "occurrences": 1,
+                "entry": entries.get(found.message.template),
+            }
             index[key] = row
             messages.append(row)
     return {**{k: data[k] for k in _HEADER_KEYS}, "messages": messages}
@@ -94,9 +100,19 @@ def by_entry(folder: Path = UPSTREAM_DIR) -> dict[str, list[tuple[dict, dict]]]:
 
 #: FlashAttention's C++ argument names (the first word of its messages) -> the Python argument of
 #: ``flash_attn_with_kvcache`` (sglang's wrapper and attn-ref) that reaches it.
-CPP_NAMES = {"seqused_k": "cache_seqlens", "seqlens_k": "cache_seqlens", "leftpad_k": "cache_leftpad",
-             "kv_batch_idx": "cache_batch_idx", "k_new": "k", "v_new": "v", "q_v": "qv", "kcache": "k_cache",
-             "vcache": "v_cache", "block_table": "page_table", "seqlens_rotary": "rotary_seqlens"}
+CPP_NAMES = {
+    "seqused_k": "cache_seqlens",
+    "seqlens_k": "cache_seqlens",
+    "leftpad_k": "cache_leftpad",
+    "kv_batch_idx": "cache_batch_idx",
+    "k_new": "k",
+    "v_new": "v",
+    "q_v": "qv",
+    "kcache": "k_cache",
+    "vcache": "v_cache",
+    "block_table": "page_table",
+    "seqlens_rotary": "rotary_seqlens",
+}
 
 
 def translated_names(found: list[dict]) -> list[tuple[str, str]]:
@@ -130,7 +146,9 @@ def problems(catalog: dict, folder: Path = UPSTREAM_DIR) -> list[tuple[str, str]
         if not (message.get("commit") or message.get("unpinned")):
             found.append((where, "names no commit (commit, or unpinned saying why none)"))
         if not message.get("entry"):
-            found.append((where, f"upstream message without a catalog entry: {message['template']!r}"))
+            found.append(
+                (where, f"upstream message without a catalog entry: {message['template']!r}")
+            )
         elif message["entry"] not in ids:
             found.append((where, f"mapped to {message['entry']}, which is not in the catalog"))
     return found
@@ -144,8 +162,11 @@ def render_markdown_section(entry: dict, folder: Optional[Path] = None) -> list[
     lines = ["## Also raised upstream as", ""]
     for data, message in mapped:
         pin = message.get("commit", "")[:12] or "unpinned"
-        lines.append(f"- `{message['exception']}: {message['template']}` ({data['title']}: `{message['path']}`, "
-                     f"`{message['function']}`, {pin})")
+        lines.append(
+            f"- `{message['exception']}: {message['template']}` ({data['title']}: "
+            f"`{message['path']}`, "
+            f"`{message['function']}`, {pin})"
+        )
     names = translated_names([m for _, m in mapped])
     if names:
         lines += ["", "Argument names: " + ", ".join(f"`{a}` is `{b}`" for a, b in names) + "."]

@@ -1,4 +1,5 @@
-"""Error texts of upstream code, read from its source: C++ ``TORCH_CHECK`` and Python ``raise`` / ``assert``.
+"""Error texts of upstream code, read from its source: C++ ``TORCH_CHECK`` and Python ``raise`` /
+``assert``.
 
 Users paste upstream's messages (sglang, FlashAttention, ring-flash-attention, yunchang), so the
 catalog keeps them as data (``errors/upstream/<source>.json``, written by ``python -m errors scan
@@ -8,8 +9,8 @@ C++ (``*.cpp``, ``*.cu``, ``*.h``, ``*.hpp``, ``*.cuh``), as PyTorch prints each
 
 * ``TORCH_CHECK(cond, a, b, ...)``: the message arguments streamed one after the other (PyTorch's
   ``c10::str``): string literals are text (adjacent literals join), anything else is a placeholder
-  named after its expression (``head_size`` -> ``{head_size}``). A check without a message is skipped:
-  its text is PyTorch's, not upstream's.
+  named after its expression (``head_size`` -> ``{head_size}``). A check without a message is
+  skipped: its text is PyTorch's, not upstream's.
 * ``CHECK_SHAPE(x, d0, d1, ...)``: ``x must have shape (d0, d1, ...)`` (the macro stringizes its
   arguments: names, not numbers, whitespace runs folded to one space);
   ``CHECK_DEVICE(x)``: ``x must be on CUDA``; ``CHECK_CONTIGUOUS(x)``: ``x must be contiguous``.
@@ -34,8 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from .scan import Message, Placeholder, _MessageReader, _annotations, _assignments, _exception_name, \
-    module_constants, placeholder_name, read_source
+from .scan import (
+    Message,
+    Placeholder,
+    _annotations,
+    _assignments,
+    _exception_name,
+    _MessageReader,
+    module_constants,
+    placeholder_name,
+    read_source,
+)
 
 CPP_SUFFIXES = (".cpp", ".cu", ".h", ".hpp", ".cuh", ".cc")
 #: The message of each FlashAttention check macro, from its stringized arguments.
@@ -56,17 +66,24 @@ class UpstreamMessage:
     message: Message
 
     def as_json(self) -> dict:
-        return {"path": self.path, "function": self.function, "kind": self.kind, "exception": self.exception,
-                "template": self.message.template, "regex": self.message.regex}
+        return {
+            "path": self.path,
+            "function": self.function,
+            "kind": self.kind,
+            "exception": self.exception,
+            "template": self.message.template,
+            "regex": self.message.regex,
+        }
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # C++
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def _blank_comments(text: str) -> str:
-    """``text`` with comments replaced by spaces (newlines kept), string and char literals untouched."""
+    """``text`` with comments replaced by spaces (newlines kept), string and char literals
+    untouched."""
     out, i, n = [], 0, len(text)
     while i < n:
         c = text[i]
@@ -134,7 +151,7 @@ def _string_pieces(arg: str) -> Optional[str]:
         if not m:
             return None
         pieces.append(re.sub(r"\\(.)", lambda e: _ESCAPES.get(e.group(1), e.group(1)), m.group(1)))
-        rest = rest[m.end():].lstrip()
+        rest = rest[m.end() :].lstrip()
     return "".join(pieces) if pieces else None
 
 
@@ -142,8 +159,8 @@ _TO_STRING = re.compile(r"std::to_string\((.*)\)", re.DOTALL)
 
 
 def _sum_terms(arg: str) -> list[str]:
-    """``"a " + std::to_string(n)`` -> its terms, when the argument is a ``+`` of string literals and
-    ``std::to_string`` calls (a ``std::string`` built in place); else the argument itself."""
+    """``"a " + std::to_string(n)`` -> its terms, when the argument is a ``+`` of string literals
+    and ``std::to_string`` calls (a ``std::string`` built in place); else the argument itself."""
     terms, depth, start, i = [], 0, 0, 0
     while i < len(arg):
         c = arg[i]
@@ -157,7 +174,9 @@ def _sum_terms(arg: str) -> list[str]:
             start = i + 1
         i += 1
     terms.append(arg[start:].strip())
-    if len(terms) > 1 and all(_string_pieces(t) is not None or _TO_STRING.fullmatch(t) for t in terms):
+    if len(terms) > 1 and all(
+        _string_pieces(t) is not None or _TO_STRING.fullmatch(t) for t in terms
+    ):
         return terms
     return [arg]
 
@@ -168,16 +187,27 @@ def _stringized(arg: str) -> str:
 
 
 _LITERAL = r'"(?:[^"\\]|\\.)*"'
-_CHOICE = re.compile(rf"(?P<cond>[^?]+)\?\s*(?P<yes>{_LITERAL})\s*:\s*(?P<no>{_LITERAL})", re.DOTALL)
+_CHOICE = re.compile(
+    rf"(?P<cond>[^?]+)\?\s*(?P<yes>{_LITERAL})\s*:\s*(?P<no>{_LITERAL})", re.DOTALL
+)
 
 
 def _cpp_placeholder(expr: str) -> Placeholder:
     """A streamed expression; ``cond ? "a" : "b"`` matches exactly ``a`` or ``b``."""
     choice = _CHOICE.fullmatch(expr)
-    name = re.sub(r"[^0-9A-Za-z]+", "_", choice.group("cond") if choice else expr).strip("_").lower() or "value"
+    name = (
+        re.sub(r"[^0-9A-Za-z]+", "_", choice.group("cond") if choice else expr).strip("_").lower()
+        or "value"
+    )
     if choice:
-        options = sorted({_string_pieces(choice.group("yes")), _string_pieces(choice.group("no"))}, key=len, reverse=True)
-        return Placeholder(name[:40], expr, pattern="(?:" + "|".join(re.escape(o) for o in options) + ")")
+        options = sorted(
+            {_string_pieces(choice.group("yes")), _string_pieces(choice.group("no"))},
+            key=len,
+            reverse=True,
+        )
+        return Placeholder(
+            name[:40], expr, pattern="(?:" + "|".join(re.escape(o) for o in options) + ")"
+        )
     return Placeholder(name[:40], expr, pattern=_NON_EMPTY)
 
 
@@ -188,7 +218,10 @@ def cpp_message(macro: str, args: list[str]) -> Optional[Message]:
     if macro == CONTIGUOUS:
         return Message("literal", [f"{_stringized(args[0])} must be contiguous"])
     if macro == SHAPE:
-        return Message("literal", [f"{_stringized(args[0])} must have shape ({_stringized(', '.join(args[1:]))})"])
+        return Message(
+            "literal",
+            [f"{_stringized(args[0])} must have shape ({_stringized(', '.join(args[1:]))})"],
+        )
     if len(args) < 2:
         return None
     parts: list = []
@@ -205,13 +238,14 @@ def cpp_message(macro: str, args: list[str]) -> Optional[Message]:
     return Message("literal" if all(isinstance(p, str) for p in parts) else "format", parts)
 
 
-_FUNCTION_HEAD = re.compile(r"(~?[A-Za-z_]\w*(?:::~?[A-Za-z_]\w*)*)\s*\([^;{}]*\)\s*(?:const\s*)?(?:->[^{;]*)?$",
-                            re.DOTALL)
+_FUNCTION_HEAD = re.compile(
+    r"(~?[A-Za-z_]\w*(?:::~?[A-Za-z_]\w*)*)\s*\([^;{}]*\)\s*(?:const\s*)?(?:->[^{;]*)?$", re.DOTALL
+)
 
 
 def _functions(text: str) -> list[tuple[int, int, str]]:
-    """``(start, end, name)`` of every function body (a ``{`` block whose head is ``name(...)``) that
-    is not nested in another function."""
+    """``(start, end, name)`` of every function body (a ``{`` block whose head is ``name(...)``)
+    that is not nested in another function."""
     found, depth, head_start, i, open_at, name = [], 0, 0, 0, None, None
     while i < len(text):
         c = text[i]
@@ -221,7 +255,13 @@ def _functions(text: str) -> list[tuple[int, int, str]]:
         if c == "{":
             if open_at is None:
                 head = _FUNCTION_HEAD.search(text[head_start:i].rstrip())
-                if head and head.group(1).split("::")[-1] not in ("if", "for", "while", "switch", "catch"):
+                if head and head.group(1).split("::")[-1] not in (
+                    "if",
+                    "for",
+                    "while",
+                    "switch",
+                    "catch",
+                ):
                     open_at, name, depth = i, head.group(1).split("::")[-1], 0
             if open_at is not None:
                 depth += 1
@@ -247,20 +287,22 @@ def scan_cpp(text: str, path: str) -> list[UpstreamMessage]:
     found = []
     for call in _CALL.finditer(code):
         line_start = code.rfind("\n", 0, call.start()) + 1
-        if code[line_start:call.start()].lstrip().startswith("#"):  # the macros' own definitions
+        if code[line_start : call.start()].lstrip().startswith("#"):  # the macros' own definitions
             continue
         args, _ = _arguments(code, call.end() - 1)
         message = cpp_message(call.group(1), args)
         if message is None:
             continue
-        where = next((name for start, end, name in functions if start < call.start() < end), "<file>")
+        where = next(
+            (name for start, end, name in functions if start < call.start() < end), "<file>"
+        )
         found.append(UpstreamMessage(path, where, call.group(1), "RuntimeError", message))
     return found
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Python
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def returned_strings(module: ast.Module) -> dict[str, list[str]]:
@@ -269,8 +311,14 @@ def returned_strings(module: ast.Module) -> dict[str, list[str]]:
     found = {}
     for node in module.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            texts = [r.value.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value is not None
-                     and isinstance(r.value, ast.Constant) and isinstance(r.value.value, str)]
+            texts = [
+                r.value.value
+                for r in ast.walk(node)
+                if isinstance(r, ast.Return)
+                and r.value is not None
+                and isinstance(r.value, ast.Constant)
+                and isinstance(r.value.value, str)
+            ]
             if texts:
                 found[node.name] = texts
     return found
@@ -290,9 +338,17 @@ class _PythonCollector(ast.NodeVisitor):
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _enter
 
     def _message(self, arg: ast.expr, line: int) -> Message:
-        function = next((n for n in reversed(self.scope) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
-                        None)
-        message = _MessageReader(_annotations(function), _assignments(function), self.constants).read(arg, line)
+        function = next(
+            (
+                n
+                for n in reversed(self.scope)
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ),
+            None,
+        )
+        message = _MessageReader(
+            _annotations(function), _assignments(function), self.constants
+        ).read(arg, line)
         for part in message.parts:  # a pasted value is never empty
             if isinstance(part, Placeholder) and part.pattern == ".*?":
                 part.pattern = _NON_EMPTY
@@ -303,18 +359,27 @@ class _PythonCollector(ast.NodeVisitor):
             return
         where = ".".join(n.name for n in self.scope) or "<module>"
         message = self._message(arg, line)
-        if message.kind == "dynamic":  # reason = helper(...); raise T(reason): each text the helper returns
+        # reason = helper(...); raise T(reason): each text the helper returns
+        if message.kind == "dynamic":
             for text in self._reasons(arg, line):
-                self.found.append(UpstreamMessage(self.path, where, kind, exception, Message("literal", [text])))
+                self.found.append(
+                    UpstreamMessage(self.path, where, kind, exception, Message("literal", [text]))
+                )
         if message.kind in ("dynamic", "none") or not message.parts:
             return
         self.found.append(UpstreamMessage(self.path, where, kind, exception, message))
 
     def _reasons(self, arg: ast.expr, line: int) -> list[str]:
-        """The texts a message variable can hold when its last assignment calls a module function that
-        returns string literals."""
-        function = next((n for n in reversed(self.scope) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
-                        None)
+        """The texts a message variable can hold when its last assignment calls a module function
+        that returns string literals."""
+        function = next(
+            (
+                n
+                for n in reversed(self.scope)
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ),
+            None,
+        )
         if not isinstance(arg, ast.Name) or function is None:
             return []
         lines, values = _assignments(function).get(arg.id, ((), ()))
@@ -326,7 +391,12 @@ class _PythonCollector(ast.NodeVisitor):
     def visit_Raise(self, node: ast.Raise) -> None:
         if isinstance(node.exc, ast.Call):
             name = _exception_name(node.exc)
-            self._add("raise", name or "Exception", node.exc.args[0] if node.exc.args else None, node.lineno)
+            self._add(
+                "raise",
+                name or "Exception",
+                node.exc.args[0] if node.exc.args else None,
+                node.lineno,
+            )
 
     def visit_Assert(self, node: ast.Assert) -> None:
         self._add("assert", "AssertionError", node.msg, node.lineno)
@@ -340,9 +410,9 @@ def scan_python(text: str, path: str) -> list[UpstreamMessage]:
     return collector.found
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Trees
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def source_files(root: Path, paths: Iterable[str]) -> Iterator[Path]:
@@ -359,7 +429,9 @@ def source_files(root: Path, paths: Iterable[str]) -> Iterator[Path]:
                 yield path
 
 
-def scan_upstream(root: Path, paths: Iterable[str], functions: Optional[set[str]] = None) -> list[UpstreamMessage]:
+def scan_upstream(
+    root: Path, paths: Iterable[str], functions: Optional[set[str]] = None
+) -> list[UpstreamMessage]:
     """Every message of the files under ``root`` named by ``paths``, optionally only those raised in
     ``functions`` (a name matches ``Class.method`` by its last part or the whole)."""
     root = Path(root)
@@ -369,8 +441,17 @@ def scan_upstream(root: Path, paths: Iterable[str], functions: Optional[set[str]
         text = read_source(path)
         found += scan_python(text, rel) if path.suffix == ".py" else scan_cpp(text, rel)
     if functions:
-        found = [m for m in found if m.function in functions or m.function.split(".")[-1] in functions]
+        found = [
+            m for m in found if m.function in functions or m.function.split(".")[-1] in functions
+        ]
     return found
 
 
-__all__ = ["UpstreamMessage", "cpp_message", "placeholder_name", "scan_cpp", "scan_python", "scan_upstream"]
+__all__ = [
+    "UpstreamMessage",
+    "cpp_message",
+    "placeholder_name",
+    "scan_cpp",
+    "scan_python",
+    "scan_upstream",
+]

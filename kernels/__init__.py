@@ -15,8 +15,10 @@
   dK/dV and dQ kernels), like :func:`attn_ref.attention_backward`.
 
 Modules mirror the reference: :mod:`kernels.kvcache` (the launcher), :mod:`kernels.append`,
-:mod:`kernels.attention`, :mod:`kernels.backward`, :mod:`kernels.merge`, :mod:`kernels.paged`, :mod:`kernels.rotary`,
-:mod:`kernels.splits`, :mod:`kernels.host_checks`. On a CPU they run through Triton's interpreter (``TRITON_INTERPRET=1``, set
+:mod:`kernels.attention`, :mod:`kernels.backward`, :mod:`kernels.merge`, :mod:`kernels.paged`,
+:mod:`kernels.rotary`,
+:mod:`kernels.splits`, :mod:`kernels.host_checks`. On a CPU they run through Triton's interpreter
+(``TRITON_INTERPRET=1``, set
 before import; bf16 is computed in fp32 there, see :mod:`kernels.launch`). Performance has been
 designed for Hopper (H100/H200) but is only as measured in ``benchmarks/results/``.
 """
@@ -26,5 +28,5 @@ from .host_checks import no_host_checks
 from .kvcache import flash_attn_with_kvcache
 from .merge import combine_attention_states, merge_attention_states
 
-__all__ = ["attention_backward", "combine_attention_states", "flash_attn_with_kvcache", "merge_attention_states",
-           "no_host_checks"]
+__all__ = ["attention_backward", "combine_attention_states", "flash_attn_with_kvcache",
+           "merge_attention_states", "no_host_checks"]

@@ -6,8 +6,8 @@ For batch entry ``i`` with ``N_i`` new tokens starting at absolute cache positio
     K_cache(row_i, C_i + t) = rot(k_new_i[t], P0_i + t)      (rot = identity without rotary tables)
     V_cache(row_i, C_i + t) = v_new_i[t]
 
-``k_new_i[t]`` is ``k[i, t]`` or, packed with ``cu_seqlens_k_new``, ``k[new_start_i + t]``; ``P0_i`` is
-``rotary_seqlens[i]`` or ``C_i``. Positions go through :func:`kernels.paged.cache_slots`, so one
+``k_new_i[t]`` is ``k[i, t]`` or, packed with ``cu_seqlens_k_new``, ``k[new_start_i + t]``; ``P0_i``
+is ``rotary_seqlens[i]`` or ``C_i``. Positions go through :func:`kernels.paged.cache_slots`, so one
 kernel serves contiguous and paged caches. Without rotary the values are copied bit for bit (no
 conversion); with rotary the rotation runs in fp32 and is rounded once into the cache dtype.
 
@@ -25,15 +25,16 @@ import triton.language as tl
 
 from attn_ref.call import KVCacheCall
 
-from .launch import Launch, next_power_of_2, explicit_rounding
+from .launch import Launch, explicit_rounding, next_power_of_2
 from .numerics import store_as
 from .paged import cache_slots
 from .rotary import apply_rotary
 
 
 def plan_append_kv(call: KVCacheCall) -> Launch | None:
-    """The append launch for a validated call (None when there is nothing to append); the kernel reads
-    the per-batch values from ``call.batch`` (``(b,)`` int32 tensors, :class:`attn_ref.call.BatchTable`).
+    """The append launch for a validated call (None when there is nothing to append); the kernel
+    reads the per-batch values from ``call.batch`` (``(b,)`` int32 tensors,
+    :class:`attn_ref.call.BatchTable`).
     """
     if not call.appending:
         return None
@@ -49,7 +50,8 @@ def plan_append_kv(call: KVCacheCall) -> Launch | None:
         stride_kb=k_strides[0], stride_kt=k_strides[1], stride_kh=k_strides[2],
         stride_vb=v_strides[0], stride_vt=v_strides[1], stride_vh=v_strides[2],
         stride_kc=tuple(kc.stride()[:3]), stride_vc=tuple(vc.stride()[:3]),
-        stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
+        stride_table=call.page_table.stride(0) if call.paged else 0,
+        page_size=max(call.page_size, 1),
         stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
     )
     constexprs = dict(
@@ -59,15 +61,18 @@ def plan_append_kv(call: KVCacheCall) -> Launch | None:
         INTERLEAVED=rotary and call.rotary_interleaved,
         ROUND_TO=explicit_rounding(kc.dtype) if rotary else "none",
     )
-    # Token blocks from k's token axis (a static bound on every N_i; programs past N_i exit at once).
-    grid = (triton.cdiv(k.shape[0] if packed else k.shape[1], block_t), call.batch_size, call.num_heads_k)
+    # Token blocks from k's token axis (a static bound on every N_i; programs past N_i exit at
+    # once).
+    new_tokens = k.shape[0] if packed else k.shape[1]
+    grid = (triton.cdiv(new_tokens, block_t), call.batch_size, call.num_heads_k)
     return Launch(_append_kv_entry_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
                   dummy_device=kc.device)
 
 
 # No integer specialisation for the new tokens' strides and the small tables (see
 # kernels.attention): they stay parameters of their own; the groups hold pointers and cache strides.
-@triton.jit(do_not_specialize=["stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
+@triton.jit(do_not_specialize=["stride_kb", "stride_kt", "stride_kh",
+                               "stride_vb", "stride_vt", "stride_vh",
                                "stride_table", "page_size", "stride_rotary", "rotary_dim"])
 def _append_kv_entry_kernel(
     k_ptr,  # (b, s_new, h_k, d) or (total_new, h_k, d): new keys
@@ -110,14 +115,15 @@ def _append_kv_entry_kernel(
         # ---- keys: rotate (fp32, rounded once) or copy --------------------------------------
         offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
         k_mask = token_ok[:, None] & (offs_d[None, :] < D)  # (BLOCK_T, BLOCK_D)
-        k_rows = k_ptr + batch64 * stride_kb + new_row[:, None] * stride_kt + head64 * stride_kh  # (BLOCK_T, 1)
+        # (BLOCK_T, 1)
+        k_rows = k_ptr + batch64 * stride_kb + new_row[:, None] * stride_kt + head64 * stride_kh
         # (BLOCK_T, BLOCK_D)
         k_dst = k_cache_ptr + slots[:, None] + head64 * stride_kc[2] + offs_d[None, :]
         if ROTARY:
             ro_positions = tl.load(batch_table.rotary_starts + batch) + offs_t  # (BLOCK_T,) P0 + t
             cos_ptr, sin_ptr = rotary_tables
-            k_new = apply_rotary(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr, stride_rotary,
-                                 rotary_dim, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
+            k_new = apply_rotary(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr,
+                                 stride_rotary, rotary_dim, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
             store_as(k_dst, k_new, k_mask, ROUND_TO)
         else:
             tl.store(k_dst, tl.load(k_rows + offs_d[None, :], mask=k_mask), mask=k_mask)
@@ -125,7 +131,8 @@ def _append_kv_entry_kernel(
         # ---- values: copied as they are ------------------------------------------------------
         offs_dv = tl.arange(0, BLOCK_DV)  # (BLOCK_DV,)
         v_mask = token_ok[:, None] & (offs_dv[None, :] < DV)  # (BLOCK_T, BLOCK_DV)
-        v_src = v_ptr + batch64 * stride_vb + new_row[:, None] * stride_vt + head64 * stride_vh + offs_dv[None, :]
+        # (BLOCK_T, 1)
+        v_rows = v_ptr + batch64 * stride_vb + new_row[:, None] * stride_vt + head64 * stride_vh
         # (BLOCK_T, BLOCK_DV)
         v_dst = v_cache_ptr + v_slots[:, None] + head64 * stride_vc[2] + offs_dv[None, :]
-        tl.store(v_dst, tl.load(v_src, mask=v_mask), mask=v_mask)
+        tl.store(v_dst, tl.load(v_rows + offs_dv[None, :], mask=v_mask), mask=v_mask)

@@ -1,6 +1,7 @@
 """The attention forward kernel: decode (sq = 1) and chunked prefill (sq > 1), split-KV, pack-GQA.
 
-For batch entry ``b``, query row ``i`` and query head ``head`` (KV head ``kv_head = head // g``, ``g = h / h_k``),
+For batch entry ``b``, query row ``i`` and query head ``head`` (KV head ``kv_head = head // g``, ``g
+= h / h_k``),
 over the valid keys ``j in [0, Sk_b)`` at cache positions ``L_b + j`` (:mod:`attn_ref.attention`)::
 
     s_ij  = q_i · K_j  (+ qv_i · V_j)        or  qv_i · V_j  alone when ONLY_QV
@@ -14,25 +15,26 @@ when the call is neither causal nor local) and split into 16-bit parts ``q = hi 
 (:func:`kernels.numerics.split_parts`), so ``q·K`` keeps the fp32 reference's accuracy.
 
 **Tiling.** One program owns one KV head of one batch entry and ``ROWS = BLOCK_M // g`` query rows;
-its M tile packs the ``g`` query heads that share the KV head (pack-GQA), tile entry ``m`` being
-row ``m // g``, head ``kv_head·g + m % g``. K/V blocks of ``BLOCK_N`` keys are therefore read once for all
-``g`` heads. Grid: ``(cdiv(sq, ROWS), b · h_k, num_splits)`` (varlen: ``max_seqlen_q`` for ``sq``, a
-static bound; programs past ``Sq_b`` rows exit at once).
+its M tile packs the ``g`` query heads that share the KV head (pack-GQA), tile entry ``m`` being row
+``m // g``, head ``kv_head·g + m % g``. K/V blocks of ``BLOCK_N`` keys are therefore read once for
+all ``g`` heads. Grid: ``(cdiv(sq, ROWS), b · h_k, num_splits)`` (varlen: ``max_seqlen_q`` for
+``sq``, a static bound; programs past ``Sq_b`` rows exit at once).
 
 **Pieces**, in call order, each with a reference twin of the same name (side-by-side page
 ``attention``): the program :func:`_split_states_kernel` (:func:`attn_ref.attention._split_states`)
-places its tile, loads it (:func:`_load_q`), folds the fp8 factors into the scale (:func:`_dequantize`),
-takes its split's keys (:func:`kernels.splits.split_bounds`), attends them (:func:`_attention_with_lse`
-over :func:`kernels.masks.tile_key_range`; its key loop :func:`_attend_key_blocks` uses
+places its tile, loads it (:func:`_load_q`), folds the fp8 factors into the scale
+(:func:`_dequantize`), takes its split's keys (:func:`kernels.splits.split_bounds`), attends them
+(:func:`_attention_with_lse` over :func:`kernels.masks.tile_key_range`; its key loop
+:func:`_attend_key_blocks` uses
 :func:`_scores`, :func:`_logits` and :func:`kernels.masks.visible_keys`), normalises
 (:func:`_softmax_state`) and stores (:func:`_store_state`).
 
 **Online softmax** in fp32 and base 2: logits are kept as ``t = ℓ · log2(e)``, with a running max
-``m``, sum ``l = Σ 2^{t - m}`` and ``acc = Σ 2^{t - m} V``. A block rescales by ``2^{m_old - m_new}``;
-while a row has seen no visible key its max is ``-inf`` and the shift used is 0, so nothing becomes
-NaN. At the end ``out = acc / l`` (0 when ``l = 0``) and ``lse = ln 2 · (m + log2 l)`` (``-inf`` when
-``l = 0``): the natural-log LSE of the reference. A sink ``σ_head`` (split 0 only) adds ``2^{σ_head log2 e - m}``
-to ``l`` before that.
+``m``, sum ``l = Σ 2^{t - m}`` and ``acc = Σ 2^{t - m} V``. A block rescales by ``2^{m_old -
+m_new}``; while a row has seen no visible key its max is ``-inf`` and the shift used is 0, so
+nothing becomes NaN. At the end ``out = acc / l`` (0 when ``l = 0``) and ``lse = ln 2 · (m + log2
+l)`` (``-inf`` when ``l = 0``): the natural-log LSE of the reference. A sink ``σ_head`` (split 0
+only) adds ``2^{σ_head log2 e - m}`` to ``l`` before that.
 
 **Split-KV.** Program ``s`` of the third grid axis covers keys ``[k0, k1)`` of
 :func:`attn_ref.splits.split_bounds` (``ceil(Sk_b / n)`` keys each), so its partial state is exactly
@@ -44,11 +46,11 @@ decides which by the pointers and strides it passes; the kernel does not know.
 one compiled variant serves every mask; Triton's integer specialisation is switched off for them.
 The mask test and the key range of a tile live in :mod:`kernels.masks`, beside the reference's.
 
-**Block skipping.** Of the key range ``[k0, k1)`` only ``[lo, hi)``, the keys some row of the tile can
-see, is visited (:func:`kernels.masks.tile_key_range`). Inside it, ``[full_lo, full_hi)`` holds the
-keys every row sees: those blocks run without any mask (``MASKED=False``); the blocks before and
-after run masked. So a causal prefill
-masks only the diagonal blocks and a decode step masks only its last, partial block.
+**Block skipping.** Of the key range ``[k0, k1)`` only ``[lo, hi)``, the keys some row of the tile
+can see, is visited (:func:`kernels.masks.tile_key_range`). Inside it, ``[full_lo, full_hi)`` holds
+the keys every row sees: those blocks run without any mask (``MASKED=False``); the blocks before and
+after run masked. So a causal prefill masks only the diagonal blocks and a decode step masks only
+its last, partial block.
 
 **Optimisations and their effect** (llm.c style). A row gets a number only from a GPU run, never
 from interpreter timings, and no GPU has run these kernels yet: ``benchmarks/gpu_check.sh`` measures
@@ -56,13 +58,20 @@ them, and ``benchmarks/results/`` will hold the figures.
 
 | optimisation | what it saves | measured |
 |---|---|---|
-| pack-GQA M tile | K/V read once per KV head instead of once per query head (G-fold less K/V traffic in decode) | not yet (GPU) |
-| split-KV (`num_splits`) | fills the SMs when `b · h_k · m-blocks` is small (decode) | not yet (GPU) |
-| block skipping | fully masked key blocks are never loaded (causal prefill: about half) | not yet (GPU) |
-| unmasked inner blocks | no mask arithmetic where every row of the tile sees every key | not yet (GPU) |
-| base-2 online softmax | `exp2` instead of `exp`, the `log2(e)` factor folded into the scale | not yet (GPU) |
-| one variant per mask | masks are runtime values: one compile serves every window and chunk | variants listed by `tests/test_kernel_compile.py` |
-| static grid | sized from shapes and bounds with no host read, so the call can be captured in a CUDA graph | host time of the call 350 -> 130-142 µs (CPU, value checks off, 2026-12-01) |
+| pack-GQA M tile | K/V read once per KV head instead of once per query head (G-fold less K/V
+traffic in decode) | not yet (GPU) |
+| split-KV (`num_splits`) | fills the SMs when `b · h_k · m-blocks` is small (decode) | not yet
+(GPU) |
+| block skipping | fully masked key blocks are never loaded (causal prefill: about half) | not yet
+(GPU) |
+| unmasked inner blocks | no mask arithmetic where every row of the tile sees every key | not yet
+(GPU) |
+| base-2 online softmax | `exp2` instead of `exp`, the `log2(e)` factor folded into the scale | not
+yet (GPU) |
+| one variant per mask | masks are runtime values: one compile serves every window and chunk |
+variants listed by `tests/test_kernel_compile.py` |
+| static grid | sized from shapes and bounds with no host read, so the call can be captured in a
+CUDA graph | host time of the call 350 -> 130-142 µs (CPU, value checks off, 2026-12-01) |
 """
 
 from __future__ import annotations
@@ -73,8 +82,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import (Launch, Tile, compute_dtype, dot_precision, explicit_rounding, next_power_of_2,
-                     rotated_q_parts)
+from .launch import (
+    Launch,
+    Tile,
+    compute_dtype,
+    dot_precision,
+    explicit_rounding,
+    next_power_of_2,
+    rotated_q_parts,
+)
 from .masks import MASK_PARAMS, mask_args, tile_key_range, visible_keys
 from .numerics import LN2, LOG2E, split_parts, store_as, tanh
 from .paged import cache_slots
@@ -88,17 +104,18 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
 
     ``out`` is ``(n, A0, h, rows, dv)`` and ``lse`` ``(n, A0, h, rows)`` with ``A0 = b`` (batched
     queries) or 1 (packed queries, rows = ``total_q``): the final output viewed with a unit split
-    axis when ``num_splits == 1``, the fp32 partials otherwise. The kernel reads the per-batch values
-    from ``call.batch`` (``(b,)`` int32 tensors, :class:`attn_ref.call.BatchTable`).
+    axis when ``num_splits == 1``, the fp32 partials otherwise. The kernel reads the per-batch
+    values from ``call.batch`` (``(b,)`` int32 tensors, :class:`attn_ref.call.BatchTable`).
     """
     q, qv, kc, vc = call.q, call.qv, call.k_cache, call.v_cache
     g = call.num_heads // call.num_heads_k
     rows_per_tile = tiles.block_m // g
-    m_blocks = triton.cdiv(call.seqlen_q_bound, rows_per_tile)  # a static bound: programs past Sq_b exit
+    # a static bound: programs past Sq_b exit
+    m_blocks = triton.cdiv(call.seqlen_q_bound, rows_per_tile)
     packed = call.varlen_q
-    fp8_descale = call.is_fp8 and any(x is not None for x in (call.q_descale, call.k_descale, call.v_descale))
-    descales = [_descale_or_ones(call, x) if fp8_descale else None
-                for x in (call.q_descale, call.k_descale, call.v_descale)]
+    call_descales = (call.q_descale, call.k_descale, call.v_descale)
+    fp8_descale = call.is_fp8 and any(x is not None for x in call_descales)
+    descales = [_descale_or_ones(call, x) if fp8_descale else None for x in call_descales]
     out_strides, lse_strides = list(out.stride()[:4]), list(lse.stride())
     if packed:  # one row axis for all batch entries: the batch index must not move the pointer
         out_strides[1] = lse_strides[1] = 0
@@ -111,11 +128,14 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
         sinks_ptr=call.sinks, descales=tuple(descales), batch_table=call.batch,
         out_ptr=out, lse_ptr=lse,
         **_row_strides("stride_q", q, packed), **_row_strides("stride_qv", qv, packed),
-        stride_table=call.page_table.stride(0) if call.paged else 0, page_size=max(call.page_size, 1),
+        stride_table=call.page_table.stride(0) if call.paged else 0,
+        page_size=max(call.page_size, 1),
         stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
         stride_descale=descales[0].stride(0) if fp8_descale else 0,
-        stride_os=out_strides[0], stride_ob=out_strides[1], stride_oh=out_strides[2], stride_ot=out_strides[3],
-        stride_ls=lse_strides[0], stride_lb=lse_strides[1], stride_lh=lse_strides[2], stride_lt=lse_strides[3],
+        stride_os=out_strides[0], stride_ob=out_strides[1],
+        stride_oh=out_strides[2], stride_ot=out_strides[3],
+        stride_ls=lse_strides[0], stride_lb=lse_strides[1],
+        stride_lh=lse_strides[2], stride_lt=lse_strides[3],
         softmax_scale=call.softmax_scale, softcap=call.softcap if call.softcap > 0 else 1.0,
         **mask_args(call.mask), has_sinks=int(call.sinks is not None), num_splits=num_splits,
     )
@@ -186,7 +206,8 @@ class AttentionFeatures(NamedTuple):
 @triton.jit(do_not_specialize=[
     "stride_qb", "stride_qt", "stride_qh", "stride_qvb", "stride_qvt", "stride_qvh",
     "stride_table", "page_size", "stride_rotary", "rotary_dim", "stride_descale",
-    "stride_os", "stride_ob", "stride_oh", "stride_ot", "stride_ls", "stride_lb", "stride_lh", "stride_lt",
+    "stride_os", "stride_ob", "stride_oh", "stride_ot",
+    "stride_ls", "stride_lb", "stride_lh", "stride_lt",
     *MASK_PARAMS, "has_sinks", "num_splits",
 ])
 def _split_states_kernel(
@@ -200,7 +221,9 @@ def _split_states_kernel(
     sinks_ptr,  # (h,) sink logits (has_sinks only)
     descales,  # (q, k, v) descale pointers: (b, h_k) fp32 each (HAS_DESCALE only)
     batch_table,  # attn_ref.call.BatchTable: (b,) int32 per batch entry
-    out_ptr,  # final out (b, sq, h, dv) / (total_q, h, dv), or fp32 partials (n, b, h, sq, dv) / (n, h, total_q, dv)
+    # final out (b, sq, h, dv) / (total_q, h, dv), or fp32 partials (n, b, h, sq, dv) / (n, h,
+    # total_q, dv)
+    out_ptr,
     lse_ptr,  # fp32 (b, h, sq) / (h, total_q), or partials (n, b, h, sq) / (n, h, total_q)
     stride_qb, stride_qt, stride_qh,  # q (stride_qb = 0 when packed)
     stride_qvb, stride_qvt, stride_qvh,  # qv
@@ -222,7 +245,8 @@ def _split_states_kernel(
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_TO: tl.constexpr,
     Q_PARTS: tl.constexpr,  # 16-bit parts of the rotated q (1 without rotary or for fp32 tiles)
 ):
-    """One program: the state of ``ROWS`` query rows x ``g`` heads of one KV head over split ``split``."""
+    """One program: the state of ``ROWS`` query rows x ``g`` heads of one KV head over split
+    ``split``."""
     G: tl.constexpr = HEADS.G
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
     ROWS: tl.constexpr = BLOCK_M // G  # query rows per tile
@@ -246,7 +270,8 @@ def _split_states_kernel(
         cos_ptr, sin_ptr = rotary_tables
         q, q_mid, q_lo, qv = _load_q(
             q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads[:, None] * stride_qh,
-            qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt + heads[:, None] * stride_qvh,
+            (qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt
+             + heads[:, None] * stride_qvh),
             rows, row_ok, offs_d, offs_dv, d_ok, dv_ok,
             batch_table.rotary_starts + batch, cos_ptr, sin_ptr, stride_rotary, rotary_dim,
             BLOCK_M, TILE.BLOCK_D, TILE.BLOCK_DV, FEATURES.HAS_QV, FEATURES.ONLY_QV,
@@ -295,9 +320,10 @@ def _load_q(
     ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_FIXED: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, Q_PARTS: tl.constexpr,
 ):
-    """``(q, q_mid, q_lo, qv)``: the q tile ``(BLOCK_M, BLOCK_D)`` as ``Q_PARTS`` parts in COMPUTE_DTYPE
-    (``q + q_mid + q_lo``: rotated in fp32 at ``P0 + i``, or ``P0`` when ROTARY_FIXED, and split so that
-    ``q·K`` keeps fp32 accuracy; zero parts unused) and the qv tile ``(BLOCK_M, BLOCK_DV)`` (zeros without qv)."""
+    """``(q, q_mid, q_lo, qv)``: the q tile ``(BLOCK_M, BLOCK_D)`` as ``Q_PARTS`` parts in
+    COMPUTE_DTYPE (``q + q_mid + q_lo``: rotated in fp32 at ``P0 + i``, or ``P0`` when ROTARY_FIXED,
+    and split so that ``q·K`` keeps fp32 accuracy; zero parts unused) and the qv tile ``(BLOCK_M,
+    BLOCK_DV)`` (zeros without qv)."""
     q = tl.zeros((BLOCK_M, BLOCK_D), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_D)
     q_mid = q
     q_lo = q
@@ -308,22 +334,25 @@ def _load_q(
                 positions = tl.load(rotary_start_ptr) + 0 * rows  # (BLOCK_M,) every row at P0
             else:
                 positions = tl.load(rotary_start_ptr) + rows  # (BLOCK_M,) row i at P0 + i
-            q_rotated = apply_rotary(q_ptrs, offs_d, q_mask, positions, cos_ptr, sin_ptr, stride_rotary,
-                                     rotary_dim, INTERLEAVED)  # (BLOCK_M, BLOCK_D) fp32
+            # (BLOCK_M, BLOCK_D) fp32
+            q_rotated = apply_rotary(q_ptrs, offs_d, q_mask, positions, cos_ptr, sin_ptr,
+                                     stride_rotary, rotary_dim, INTERLEAVED)
             q, q_mid, q_lo = split_parts(q_rotated, COMPUTE_DTYPE, Q_PARTS)
         else:
             q = tl.load(q_ptrs + offs_d[None, :], mask=q_mask, other=0.0).to(COMPUTE_DTYPE)
     qv = tl.zeros((BLOCK_M, BLOCK_DV), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_DV)
     if HAS_QV or ONLY_QV:
-        qv = tl.load(qv_ptrs + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)
+        qv_mask = row_ok[:, None] & dv_ok[None, :]  # (BLOCK_M, BLOCK_DV)
+        qv = tl.load(qv_ptrs + offs_dv[None, :], mask=qv_mask, other=0.0).to(COMPUTE_DTYPE)
     return q, q_mid, q_lo, qv
 
 
 @triton.jit
-def _dequantize(softmax_scale, q_descale_ptr, k_descale_ptr, v_descale_ptr, HAS_DESCALE: tl.constexpr):
-    """fp8: ``(softmax_scale · q_descale · k_descale, v_descale)`` of this batch entry and KV head (the
-    pointers are at ``[b, g]``), folded into the logit scale and the output instead of multiplying q, K
-    and V; ``(softmax_scale, 1)`` without descales."""
+def _dequantize(softmax_scale, q_descale_ptr, k_descale_ptr, v_descale_ptr,
+                HAS_DESCALE: tl.constexpr):
+    """fp8: ``(softmax_scale · q_descale · k_descale, v_descale)`` of this batch entry and KV head
+    (the pointers are at ``[b, g]``), folded into the logit scale and the output instead of
+    multiplying q, K and V; ``(softmax_scale, 1)`` without descales."""
     scale = softmax_scale
     v_scale = 1.0
     if HAS_DESCALE:
@@ -340,17 +369,19 @@ def _attention_with_lse(
     seqlen_q, seqlen_k, k0, k1,  # the sequence's lengths; this split's keys [k0, k1)
     mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
     softmax_scale, softcap,  # fp32 (softcap only read with SOFTCAP)
-    sink_ptrs, row_ok, add_sink,  # (BLOCK_M,) pointers to each entry's sink logit; (BLOCK_M,) bool; bool
+    # (BLOCK_M,) pointers to each entry's sink logit; (BLOCK_M,) bool; bool
+    sink_ptrs, row_ok, add_sink,
     v_scale,  # fp32: output factor (fp8 v_descale, else 1)
     cache,  # the KV cache group of _attend_key_blocks
     channels,  # (offs_d, offs_dv, d_ok, dv_ok): (BLOCK_D,), (BLOCK_DV,) channel indices and masks
     TILE: tl.constexpr, FEATURES: tl.constexpr,  # as the kernel's
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr,
 ):
-    """``(out (BLOCK_M, BLOCK_DV), lse (BLOCK_M,))`` fp32: the tile's attention over the keys ``[k0, k1)``
-    of a sequence of ``seqlen_k`` keys, with the masks of the whole sequence (the reference's
-    ``attention_with_lse`` with ``key_offset = k0``). Only ``[lo, hi)`` is visited; inside it the whole
-    ``BLOCK_N`` blocks of ``[full_lo, full_hi)`` run without a mask, the blocks before and after masked."""
+    """``(out (BLOCK_M, BLOCK_DV), lse (BLOCK_M,))`` fp32: the tile's attention over the keys ``[k0,
+    k1)`` of a sequence of ``seqlen_k`` keys, with the masks of the whole sequence (the reference's
+    ``attention_with_lse`` with ``key_offset = k0``). Only ``[lo, hi)`` is visited; inside it the
+    whole ``BLOCK_N`` blocks of ``[full_lo, full_hi)`` run without a mask, the blocks before and
+    after masked."""
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
     BLOCK_N: tl.constexpr = TILE.BLOCK_N
     BLOCK_DV: tl.constexpr = TILE.BLOCK_DV
@@ -395,7 +426,8 @@ def _attend_key_blocks(
     COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr,
     MASKED: tl.constexpr,  # False only for blocks every row of the tile fully sees
 ):
-    """Online softmax over the key blocks of ``[start, end)``; returns the updated ``(acc, m_i, l_i)``."""
+    """Online softmax over the key blocks of ``[start, end)``; returns the updated ``(acc, m_i,
+    l_i)``."""
     q, q_mid, q_lo, qv = q_parts
     (k_cache_ptr, v_cache_ptr, stride_kc, stride_vc, page_table_ptr, stride_table, page_size,
      cache_row, leftpad) = cache
@@ -410,14 +442,16 @@ def _attend_key_blocks(
         v_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
                               stride_vc[0], stride_vc[1], page_size, PAGED)  # (BLOCK_N,) int64
         v = tl.load(v_cache_ptr + v_slots[:, None] + offs_dv[None, :],
-                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_DV)
+                    # (BLOCK_N, BLOCK_DV)
+                    mask=key_ok[:, None] & dv_ok[None, :], other=0.0).to(COMPUTE_DTYPE)
         if ONLY_QV:
             k = v  # not read
         else:
             k_slots = cache_slots(positions, key_ok, cache_row, page_table_ptr, stride_table,
                                   stride_kc[0], stride_kc[1], page_size, PAGED)  # (BLOCK_N,) int64
             k = tl.load(k_cache_ptr + k_slots[:, None] + offs_d[None, :],
-                        mask=key_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE_DTYPE)  # (BLOCK_N, BLOCK_D)
+                        # (BLOCK_N, BLOCK_D)
+                        mask=key_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE_DTYPE)
         t = _logits(_scores(q, q_mid, q_lo, qv, k, v, HAS_QV, ONLY_QV, DOT_PRECISION, Q_PARTS),
                     softmax_scale, softcap, SOFTCAP)  # (BLOCK_M, BLOCK_N) fp32, base 2
         if MASKED:
@@ -436,10 +470,11 @@ def _attend_key_blocks(
 
 
 @triton.jit
-def _scores(q, q_mid, q_lo, qv, k, v, HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            Q_PARTS: tl.constexpr):
-    """``(BLOCK_M, BLOCK_N)`` fp32 scores ``q·Kᵀ (+ qv·Vᵀ)``, or ``qv·Vᵀ`` alone when ONLY_QV, of the q
-    parts ``(BLOCK_M, BLOCK_D)``, qv ``(BLOCK_M, BLOCK_DV)``, k ``(BLOCK_N, BLOCK_D)``, v ``(BLOCK_N, BLOCK_DV)``."""
+def _scores(q, q_mid, q_lo, qv, k, v, HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr,
+            DOT_PRECISION: tl.constexpr, Q_PARTS: tl.constexpr):
+    """``(BLOCK_M, BLOCK_N)`` fp32 scores ``q·Kᵀ (+ qv·Vᵀ)``, or ``qv·Vᵀ`` alone when ONLY_QV, of
+    the q parts ``(BLOCK_M, BLOCK_D)``, qv ``(BLOCK_M, BLOCK_DV)``, k ``(BLOCK_N, BLOCK_D)``, v
+    ``(BLOCK_N, BLOCK_DV)``."""
     if ONLY_QV:
         s = tl.dot(qv, tl.trans(v), input_precision=DOT_PRECISION)
     else:
@@ -455,8 +490,8 @@ def _scores(q, q_mid, q_lo, qv, k, v, HAS_QV: tl.constexpr, ONLY_QV: tl.constexp
 
 @triton.jit
 def _logits(s, softmax_scale, softcap, SOFTCAP: tl.constexpr):
-    """Logits in base 2, ``t = ℓ · log2(e)``: ``ℓ = scale · s``, or ``softcap · tanh(scale · s / softcap)``
-    (before the mask), of the scores ``s (BLOCK_M, BLOCK_N)``."""
+    """Logits in base 2, ``t = ℓ · log2(e)``: ``ℓ = scale · s``, or ``softcap · tanh(scale · s /
+    softcap)`` (before the mask), of the scores ``s (BLOCK_M, BLOCK_N)``."""
     if SOFTCAP:
         t = tanh(s * (softmax_scale / softcap)) * (softcap * LOG2E)
     else:
@@ -466,9 +501,10 @@ def _logits(s, softmax_scale, softcap, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _softmax_state(acc, m_i, l_i, sink_ptrs, row_ok, add_sink, v_scale):
-    """``(out (BLOCK_M, BLOCK_DV), lse (BLOCK_M,))`` fp32 of the running state (``acc (BLOCK_M, BLOCK_DV)``,
-    base-2 ``m_i``, ``l_i (BLOCK_M,)``): with ``add_sink`` the sink logits at ``sink_ptrs (BLOCK_M,)`` join
-    ``l``; ``out = v_scale · acc / l`` and ``lse = ln 2 · (m + log2 l)``, or 0 and ``-inf`` when ``l = 0``."""
+    """``(out (BLOCK_M, BLOCK_DV), lse (BLOCK_M,))`` fp32 of the running state (``acc (BLOCK_M,
+    BLOCK_DV)``, base-2 ``m_i``, ``l_i (BLOCK_M,)``): with ``add_sink`` the sink logits at
+    ``sink_ptrs (BLOCK_M,)`` join ``l``; ``out = v_scale · acc / l`` and ``lse = ln 2 · (m + log2
+    l)``, or 0 and ``-inf`` when ``l = 0``."""
     if add_sink:
         sink = tl.load(sink_ptrs, mask=row_ok, other=0.0).to(tl.float32) * LOG2E  # (BLOCK_M,)
         m_fin = tl.maximum(m_i, sink)
@@ -480,16 +516,18 @@ def _softmax_state(acc, m_i, l_i, sink_ptrs, row_ok, add_sink, v_scale):
     has_mass = l_i > 0.0
     inv_l = tl.where(has_mass, 1.0 / tl.where(has_mass, l_i, 1.0), 0.0) * v_scale  # (BLOCK_M,)
     out = acc * inv_l[:, None]  # (BLOCK_M, BLOCK_DV)
-    lse = tl.where(has_mass, (m_i + tl.log2(tl.where(has_mass, l_i, 1.0))) * LN2, float("-inf"))  # (BLOCK_M,)
+    # (BLOCK_M,)
+    lse = tl.where(has_mass, (m_i + tl.log2(tl.where(has_mass, l_i, 1.0))) * LN2, float("-inf"))
     return out, lse
 
 
 @triton.jit
 def _store_state(out_ptr, lse_ptr, out, lse, heads, token, offs_dv, row_ok, dv_ok,
                  stride_oh, stride_ot, stride_lh, stride_lt, ROUND_TO: tl.constexpr):
-    """Write the tile's state: ``out (BLOCK_M, BLOCK_DV)`` rounded once into the output (or fp32 partial)
-    dtype and ``lse (BLOCK_M,)``, at head ``heads`` and row ``token`` (``(BLOCK_M,)`` int64) of
-    ``out_ptr`` / ``lse_ptr`` (already at this split and batch entry)."""
-    out_ptrs = out_ptr + heads[:, None] * stride_oh + token[:, None] * stride_ot + offs_dv[None, :]  # (BLOCK_M, BLOCK_DV)
+    """Write the tile's state: ``out (BLOCK_M, BLOCK_DV)`` rounded once into the output (or fp32
+    partial) dtype and ``lse (BLOCK_M,)``, at head ``heads`` and row ``token`` (``(BLOCK_M,)``
+    int64) of ``out_ptr`` / ``lse_ptr`` (already at this split and batch entry)."""
+    # (BLOCK_M, BLOCK_DV)
+    out_ptrs = out_ptr + heads[:, None] * stride_oh + token[:, None] * stride_ot + offs_dv[None, :]
     store_as(out_ptrs, out, row_ok[:, None] & dv_ok[None, :], ROUND_TO)
     tl.store(lse_ptr + heads * stride_lh + token * stride_lt, lse, mask=row_ok)  # (BLOCK_M,)

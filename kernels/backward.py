@@ -1,6 +1,7 @@
 """The attention backward kernels: the gradients of q, k, v from the saved output and LSE.
 
-Same math, signature and results as :func:`attn_ref.attention_backward` (see :mod:`attn_ref.backward`
+Same math, signature and results as :func:`attn_ref.attention_backward` (see
+:mod:`attn_ref.backward`
 for the derivation). Per query row ``i`` and query head ``head`` (KV head ``head // g``)::
 
     P_ij  = exp(ℓ_ij - lse_i),  ℓ_ij = scale · q_i·k_j, or softcap · tanh(scale · q_i·k_j / softcap)
@@ -12,12 +13,12 @@ for the derivation). Per query row ``i`` and query head ``head`` (KV head ``head
 Three kernels, in FlashAttention-2's arrangement:
 
 1. ``_preprocess_kernel``: ``D`` for ``BLOCK_M`` rows of one (batch, head), fp32 ``[b, h, s_q]``.
-2. ``_dkdv_kernel``: one program per block of ``BLOCK_N`` keys of one (batch, KV head); it loops over
-   the ``g`` query heads of the group and over the query blocks that can see its keys, recomputing
-   ``P`` from the saved LSE, and accumulates ``dK``/``dV`` in fp32 registers (GQA is summed there, so
-   no atomics are needed).
-3. ``_dq_kernel``: one program per block of ``BLOCK_M`` query rows of one (batch, head); it loops over
-   the key blocks the rows can see and accumulates ``dQ`` in fp32.
+2. ``_dkdv_kernel``: one program per block of ``BLOCK_N`` keys of one (batch, KV head); it loops
+   over the ``g`` query heads of the group and over the query blocks that can see its keys,
+   recomputing ``P`` from the saved LSE, and accumulates ``dK``/``dV`` in fp32 registers (GQA is
+   summed there, so no atomics are needed).
+3. ``_dq_kernel``: one program per block of ``BLOCK_M`` query rows of one (batch, head); it loops
+   over the key blocks the rows can see and accumulates ``dQ`` in fp32.
 
 Both gradient kernels start from :func:`_head_pointers` (where a query head and its KV head start),
 read tiles with :func:`_load_rows` and recompute ``P`` and ``dS`` with :func:`_probabilities` and
@@ -25,10 +26,12 @@ read tiles with :func:`_load_rows` and recompute ``P`` and ``dS`` with :func:`_p
 
 The masks are the forward's, from :mod:`kernels.masks`, as runtime values (one compiled variant
 serves every mask): bottom-right ``causal`` (passed as ``window_right = 0``), the sliding window
-``(window_left, window_right)`` and ``chunk``, tested per tile by :func:`kernels.masks.visible_keys`.
+``(window_left, window_right)`` and ``chunk``, tested per tile by
+:func:`kernels.masks.visible_keys`.
 Tiles that no row sees are skipped with :func:`kernels.masks.tile_key_range`: the dQ program visits
 only the key blocks of its rows' ``[lo, hi)``, the dK/dV program skips each query block whose
-``[lo, hi)`` misses its keys. The logits are the forward's (:func:`kernels.attention._logits`, base 2);
+``[lo, hi)`` misses its keys. The logits are the forward's (:func:`kernels.attention._logits`, base
+2);
 with ``SOFTCAP`` the ``dS`` of :func:`_dscores` is multiplied by ``1 - tanh²``.
 Probabilities and ``dS`` enter their matmuls in the tiles' dtype (fp16/bf16, as FlashAttention does;
 fp32 tiles use exact fp32 matmuls), every accumulator is fp32, and the LSE is used in base 2
@@ -60,7 +63,8 @@ def attention_backward(
     dlse: Optional[torch.Tensor] = None, grad_dtype: Optional[torch.dtype] = None, *,
     softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments, shapes, checks).
+    """Gradients of q, k, v, as :func:`attn_ref.attention_backward` (same arguments, shapes,
+    checks).
 
     Args:
         dout: ``(b, s_q, h, d_v)`` gradient of the output.
@@ -101,21 +105,24 @@ def plan_preprocess(out, dout, dlse, delta) -> Launch:
     b, sq, h, dv = out.shape
     block_dv = max(16, next_power_of_2(dv))
     block_m = max(1, min(64, 8192 // block_dv))
-    args = dict(**_pointer("out", "o", out), **_pointer("dout", "d", dout), **_pointer("dlse", "l", dlse),
-                delta_ptr=delta, seqlen_q=sq, nheads=h)
+    args = dict(**_pointer("out", "o", out), **_pointer("dout", "d", dout),
+                **_pointer("dlse", "l", dlse), delta_ptr=delta, seqlen_q=sq, nheads=h)
     constexprs = dict(DV=dv, BLOCK_M=block_m, BLOCK_DV=block_dv, HAS_DLSE=dlse is not None)
     return Launch(_preprocess_kernel, (triton.cdiv(sq, block_m), b * h), args, constexprs,
                   num_warps=4, num_stages=1, dummy_device=out.device)
 
 
-def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, mask=NO_MASK, softcap=0.0) -> Launch:
-    """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch, KV head)."""
+def plan_dkdv(q, k, v, dout, lse_bhs, delta, dk, dv, softmax_scale, mask=NO_MASK,
+              softcap=0.0) -> Launch:
+    """``dk``, ``dv`` (fp32, shapes of k, v) over key blocks of ``BLOCK_N``, one program per (batch,
+    KV head)."""
     inputs, sizes, mask_group, constexprs = _common(q, k, v, dout, lse_bhs, delta, softmax_scale,
                                                     mask, softcap)
-    args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes, nheads_k=k.shape[2],
-                **mask_group)
+    args = dict(**inputs, **_pointer("dk", "dk", dk), **_pointer("dv", "dv", dv), **sizes,
+                nheads_k=k.shape[2], **mask_group)
     grid = (triton.cdiv(k.shape[1], constexprs["TILE"].BLOCK_N), k.shape[0] * k.shape[2])
-    return Launch(_dkdv_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
+    return Launch(_dkdv_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
+                  dummy_device=q.device)
 
 
 def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, mask=NO_MASK, softcap=0.0) -> Launch:
@@ -124,7 +131,8 @@ def plan_dq(q, k, v, dout, lse_bhs, delta, dq, softmax_scale, mask=NO_MASK, soft
                                                     mask, softcap)
     args = dict(**inputs, **_pointer("dq", "dq", dq), **sizes, nheads=q.shape[2], **mask_group)
     grid = (triton.cdiv(q.shape[1], constexprs["TILE"].BLOCK_M), q.shape[0] * q.shape[2])
-    return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1, dummy_device=q.device)
+    return Launch(_dq_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
+                  dummy_device=q.device)
 
 
 def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask, softcap) -> tuple[dict, ...]:
@@ -146,7 +154,8 @@ def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask, softcap) -> tupl
 
 
 def _blocks(head_dim: int) -> tuple[int, int]:
-    """``(BLOCK_M, BLOCK_N)``: smaller tiles for wide heads (the dK/dV program holds four ``[N, d]`` tiles)."""
+    """``(BLOCK_M, BLOCK_N)``: smaller tiles for wide heads (the dK/dV program holds four ``[N, d]``
+    tiles)."""
     return (64, 64) if head_dim <= 64 else (32, 32) if head_dim <= 128 else (16, 16)
 
 
@@ -200,7 +209,8 @@ def _dkdv_kernel(
     TILE: tl.constexpr,  # Tile(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV) (kernels.launch)
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """``dK``, ``dV`` of ``BLOCK_N`` keys of one (batch, KV head), summed over its ``GROUP`` query heads."""
+    """``dK``, ``dV`` of ``BLOCK_N`` keys of one (batch, KV head), summed over its ``GROUP`` query
+    heads."""
     mask = (window_left, window_right, chunk)  # the mask group (kernels.masks)
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
     BLOCK_N: tl.constexpr = TILE.BLOCK_N
@@ -216,8 +226,8 @@ def _dkdv_kernel(
         q_head, k_head, v_head, do_head, lse_head, delta_head = _head_pointers(
             q_ptr, stride_q, k_ptr, stride_k, v_ptr, stride_v, dout_ptr, stride_do, lse_ptr,
             delta_ptr, b, hk * GROUP + g, nheads_k * GROUP, seqlen_q, GROUP)
-        # the same k, v tiles for every g: one load per query head, beside the s_q / BLOCK_M q tiles it streams
-        # (BLOCK_N, BLOCK_D), (BLOCK_N, BLOCK_DV)
+        # the same k, v tiles for every g: one load per query head, beside the s_q / BLOCK_M q tiles
+        # it streams (BLOCK_N, BLOCK_D), (BLOCK_N, BLOCK_DV)
         k = _load_rows(k_head, offs_n, seqlen_k, stride_k[1], D, BLOCK_D, DTYPE)
         v = _load_rows(v_head, offs_n, seqlen_k, stride_v[1], DV, BLOCK_DV, DTYPE)
         for m0 in range(0, seqlen_q, BLOCK_M):
@@ -230,11 +240,12 @@ def _dkdv_kernel(
                 q = _load_rows(q_head, offs_m, seqlen_q, stride_q[1], D, BLOCK_D, DTYPE)
                 do = _load_rows(do_head, offs_m, seqlen_q, stride_do[1], DV, BLOCK_DV, DTYPE)
                 lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
-                p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale,
-                                                 softcap, mask, SOFTCAP, PRECISION)
+                p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k,
+                                                 softmax_scale, softcap, mask, SOFTCAP, PRECISION)
                 dv += tl.dot(tl.trans(p.to(DTYPE)), do, input_precision=PRECISION)  # dV = Pᵀ dO
                 ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
-                dk += tl.dot(tl.trans(ds.to(DTYPE)), q, input_precision=PRECISION)  # dK = dSᵀ Q (· scale)
+                # dK = dSᵀ Q (· scale)
+                dk += tl.dot(tl.trans(ds.to(DTYPE)), q, input_precision=PRECISION)
     _store_rows(_at(dk_ptr, stride_dk, b, hk), dk * softmax_scale, offs_n, seqlen_k, stride_dk[1],
                 D, BLOCK_D)
     _store_rows(_at(dv_ptr, stride_dv, b, hk), dv, offs_n, seqlen_k, stride_dv[1], DV, BLOCK_DV)
@@ -255,7 +266,8 @@ def _dq_kernel(
     TILE: tl.constexpr,  # Tile(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV) (kernels.launch)
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """``dQ`` of ``BLOCK_M`` query rows of one (batch, head), over the key blocks the rows can see."""
+    """``dQ`` of ``BLOCK_M`` query rows of one (batch, head), over the key blocks the rows can
+    see."""
     mask = (window_left, window_right, chunk)  # the mask group (kernels.masks)
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
     BLOCK_N: tl.constexpr = TILE.BLOCK_N
@@ -273,15 +285,16 @@ def _dq_kernel(
     lse, delta = _row_stats(lse_head, delta_head, offs_m, seqlen_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # the keys some row of this block sees, [lo, hi), visited in whole blocks of BLOCK_N
-    lo, hi, _, _ = tile_key_range(mask, pid_m * BLOCK_M, tl.minimum(pid_m * BLOCK_M + BLOCK_M, seqlen_q),
+    lo, hi, _, _ = tile_key_range(mask, pid_m * BLOCK_M,
+                                  tl.minimum(pid_m * BLOCK_M + BLOCK_M, seqlen_q),
                                   seqlen_q, seqlen_k, 0, seqlen_k)
     for n0 in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,) keys
         # (BLOCK_N, BLOCK_D), (BLOCK_N, BLOCK_DV)
         k = _load_rows(k_head, offs_n, seqlen_k, stride_k[1], D, BLOCK_D, DTYPE)
         v = _load_rows(v_head, offs_n, seqlen_k, stride_v[1], DV, BLOCK_DV, DTYPE)
-        p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
-                                         mask, SOFTCAP, PRECISION)
+        p, softcap_grad = _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k,
+                                         softmax_scale, softcap, mask, SOFTCAP, PRECISION)
         ds = _dscores(p, do, v, delta, softcap_grad, SOFTCAP, PRECISION)
         dq += tl.dot(ds.to(DTYPE), k, input_precision=PRECISION)  # dQ = dS K (· scale)
     _store_rows(_at(dq_ptr, stride_dq, b, h), dq * softmax_scale, offs_m, seqlen_q, stride_dq[1], D,
@@ -295,10 +308,10 @@ def _head_pointers(
     lse_ptr, delta_ptr,  # [b, h, s_q] fp32
     b, h, nheads, seqlen_q, GROUP: tl.constexpr,
 ):
-    """Where the query head at index ``h`` (``head`` in docs/notation.md) of batch entry ``b`` and its KV
-    head ``h // GROUP`` start: the ``[s_q, d]`` view of q, ``[s_k, d]`` of k, ``[s_k, d_v]`` of v,
-    ``[s_q, d_v]`` of dO (rows at the inputs' strides) and the ``[s_q]`` rows of lse and D; both backward
-    kernels read their tiles from these."""
+    """Where the query head at index ``h`` (``head`` in docs/notation.md) of batch entry ``b`` and
+    its KV head ``h // GROUP`` start: the ``[s_q, d]`` view of q, ``[s_k, d]`` of k, ``[s_k, d_v]``
+    of v, ``[s_q, d_v]`` of dO (rows at the inputs' strides) and the ``[s_q]`` rows of lse and D;
+    both backward kernels read their tiles from these."""
     hk = h // GROUP
     stats = (b * nheads + h) * seqlen_q
     return (_at(q_ptr, stride_q, b, h), _at(k_ptr, stride_k, b, hk), _at(v_ptr, stride_v, b, hk),
@@ -313,8 +326,10 @@ def _at(ptr, strides, b, h):
 
 
 @triton.jit
-def _load_rows(ptr, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr, DTYPE: tl.constexpr):
-    """Rows ``offs`` (BLOCK, BLOCK_D) of a ``[S, d]`` view (stride ``stride_s``), 0 out of bounds."""
+def _load_rows(ptr, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr,
+               DTYPE: tl.constexpr):
+    """Rows ``offs`` (BLOCK, BLOCK_D) of a ``[S, d]`` view (stride ``stride_s``), 0 out of
+    bounds."""
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
     return tl.load(ptr + offs[:, None] * stride_s + offs_d[None, :], mask=mask, other=0.0).to(DTYPE)
@@ -322,7 +337,8 @@ def _load_rows(ptr, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constex
 
 @triton.jit
 def _store_rows(ptr, x, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Store ``x`` (BLOCK, BLOCK_D) as rows ``offs`` of a ``[S, d]`` view (stride ``stride_s``), in bounds."""
+    """Store ``x`` (BLOCK, BLOCK_D) as rows ``offs`` of a ``[S, d]`` view (stride ``stride_s``), in
+    bounds."""
     offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     mask = (offs[:, None] < n_rows) & (offs_d[None, :] < D)
     tl.store(ptr + offs[:, None] * stride_s + offs_d[None, :], x, mask=mask)
@@ -330,7 +346,8 @@ def _store_rows(ptr, x, offs, n_rows, stride_s, D: tl.constexpr, BLOCK_D: tl.con
 
 @triton.jit
 def _row_stats(lse_ptr, delta_ptr, offs_m, seqlen_q):
-    """Saved LSE (``-inf`` read as 0: its row has ``P = 0`` anyway) and ``D`` of rows ``offs_m``, (BLOCK_M,) each."""
+    """Saved LSE (``-inf`` read as 0: its row has ``P = 0`` anyway) and ``D`` of rows ``offs_m``,
+    (BLOCK_M,) each."""
     row_mask = offs_m < seqlen_q
     lse = tl.load(lse_ptr + offs_m, mask=row_mask, other=0.0)
     lse = tl.where(lse == float("-inf"), 0.0, lse)
@@ -340,12 +357,13 @@ def _row_stats(lse_ptr, delta_ptr, offs_m, seqlen_q):
 @triton.jit
 def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale, softcap,
                    mask, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    """``P`` (BLOCK_M, BLOCK_N) fp32 of q rows ``offs_m`` over keys ``offs_n`` (0 where masked), and the
-    softcap's factor ``1 - tanh²`` of ``dS`` (same shape; ``P`` itself, unread, without SOFTCAP).
+    """``P`` (BLOCK_M, BLOCK_N) fp32 of q rows ``offs_m`` over keys ``offs_n`` (0 where masked), and
+    the softcap's factor ``1 - tanh²`` of ``dS`` (same shape; ``P`` itself, unread, without
+    SOFTCAP).
 
-    ``q`` (BLOCK_M, BLOCK_D), ``k`` (BLOCK_N, BLOCK_D), ``lse`` (BLOCK_M,) natural log. The logits are
-    the forward's in base 2, ``t = ℓ · log2 e`` (:func:`kernels.attention._logits`), so
-    ``P = exp2(t - lse · log2 e)`` and ``tanh = t / (softcap · log2 e)``.
+    ``q`` (BLOCK_M, BLOCK_D), ``k`` (BLOCK_N, BLOCK_D), ``lse`` (BLOCK_M,) natural log. The logits
+    are the forward's in base 2, ``t = ℓ · log2 e`` (:func:`kernels.attention._logits`), so ``P =
+    exp2(t - lse · log2 e)`` and ``tanh = t / (softcap · log2 e)``.
     """
     t = _logits(tl.dot(q, tl.trans(k), input_precision=PRECISION), softmax_scale, softcap, SOFTCAP)
     diag = offs_m + (seqlen_k - seqlen_q)  # (BLOCK_M,) i + Δ
@@ -362,9 +380,9 @@ def _probabilities(q, k, lse, offs_m, offs_n, seqlen_q, seqlen_k, softmax_scale,
 
 @triton.jit
 def _dscores(p, do, v, delta, softcap_grad, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    """``dS = P (dP - D)`` (BLOCK_M, BLOCK_N) fp32 with ``dP = dO Vᵀ``, times ``softcap_grad`` with SOFTCAP:
-    ``p``, ``softcap_grad`` (BLOCK_M, BLOCK_N), ``do`` (BLOCK_M, BLOCK_DV), ``v`` (BLOCK_N, BLOCK_DV),
-    ``delta`` (BLOCK_M,)."""
+    """``dS = P (dP - D)`` (BLOCK_M, BLOCK_N) fp32 with ``dP = dO Vᵀ``, times ``softcap_grad`` with
+    SOFTCAP: ``p``, ``softcap_grad`` (BLOCK_M, BLOCK_N), ``do`` (BLOCK_M, BLOCK_DV), ``v`` (BLOCK_N,
+    BLOCK_DV), ``delta`` (BLOCK_M,)."""
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
     ds = p * (dp - delta[:, None])
     if SOFTCAP:

@@ -1,10 +1,10 @@
 """Whether :func:`kernels.flash_attn_with_kvcache` runs the validation's value checks.
 
-The value checks (:func:`attn_ref.value_checks.check_kvcache_values` and the ``cu_seqlens_*`` offsets:
-index ranges, cache capacity, ``cu_seqlens`` values, duplicate write slots, rotary table rows, ...)
-read index tensors back to the host: a device-to-host sync per call, which a CUDA graph capture
-refuses. The static checks (types, shapes, dtypes, devices, options) read no tensor values and
-always run.
+The value checks (:func:`attn_ref.value_checks.check_kvcache_values` and the ``cu_seqlens_*``
+offsets: index ranges, cache capacity, ``cu_seqlens`` values, duplicate write slots, rotary table
+rows, ...) read index tensors back to the host: a device-to-host sync per call, which a CUDA graph
+capture refuses. The static checks (types, shapes, dtypes, devices, options) read no tensor values
+and always run.
 
 The value checks are **on**, unless
 
@@ -36,7 +36,8 @@ _OFF = contextvars.ContextVar("kernels_no_host_checks", default=False)
 
 @contextlib.contextmanager
 def no_host_checks():
-    """Within the block, :func:`kernels.flash_attn_with_kvcache` skips the value checks (module docstring).
+    """Within the block, :func:`kernels.flash_attn_with_kvcache` skips the value checks (module
+    docstring).
 
     Example::
 

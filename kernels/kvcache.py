@@ -1,4 +1,5 @@
-"""``flash_attn_with_kvcache`` on Triton kernels: a drop-in for :func:`attn_ref.flash_attn_with_kvcache`.
+"""``flash_attn_with_kvcache`` on Triton kernels: a drop-in for
+:func:`attn_ref.flash_attn_with_kvcache`.
 
 The call runs the reference's steps (:mod:`attn_ref.kvcache`), each on a kernel:
 
@@ -11,22 +12,23 @@ The call runs the reference's steps (:mod:`attn_ref.kvcache`), each on a kernel:
    ``num_splits`` key ranges (:func:`attn_ref.splits.split_bounds`) when ``n > 1``;
 4. :mod:`kernels.merge` combines the ``n`` fp32 partial states through their LSE.
 
-Results match the reference: ``out`` in q's dtype (bf16 for fp8), LSE fp32 ``(b, h, sq)`` /
-``(h, total_q)`` (natural log, ``-inf`` for rows that see no key, ``+inf`` everywhere for a
-zero-length cache with nothing appended), and ``out_accum`` / ``softmax_lse_accum`` fp32
-``(n, b, h, sq, dv)`` / ``(n, b, h, sq)`` (packed: ``(n, h, total_q, dv)`` / ``(n, h, total_q)``) when
-``n > 1`` splits ran, else None. The one intended difference is ``num_splits=0``: the reference
-always takes one split, the kernels choose ``n`` with :func:`kernels.splits.choose_num_splits` and
-return the partials whenever that ``n`` is above 1.
+Results match the reference: ``out`` in q's dtype (bf16 for fp8), LSE fp32 ``(b, h, sq)`` / ``(h,
+total_q)`` (natural log, ``-inf`` for rows that see no key, ``+inf`` everywhere for a zero-length
+cache with nothing appended), and ``out_accum`` / ``softmax_lse_accum`` fp32 ``(n, b, h, sq, dv)`` /
+``(n, b, h, sq)`` (packed: ``(n, h, total_q, dv)`` / ``(n, h, total_q)``) when ``n > 1`` splits ran,
+else None. The one intended difference is ``num_splits=0``: the reference always takes one split,
+the kernels choose ``n`` with :func:`kernels.splits.choose_num_splits` and return the partials
+whenever that ``n`` is above 1.
 
 **No host reads.** Per-batch lengths and offsets reach the kernels as ``(b,)`` int32 device tensors
-(``call.batch``, the :class:`attn_ref.call.BatchTable` the reference reads as Python ints), computed on
-the device from the index arguments with torch ops (:func:`attn_ref.call.batch_table`). The launches
-are sized from shapes and static bounds only, as FA3's are: query tiles from ``sq`` (varlen: ``max_seqlen_q``, at most ``total_q``), append
-blocks from ``k``'s token axis, the ``num_splits=0`` heuristic from the cache capacity (not the
-actual longest sequence); programs past a batch entry's rows, keys or new tokens exit at once. So
-without the value checks a call reads no device value on the host and can be captured in a CUDA
-graph (and replayed with new ``cache_seqlens``, page table and tokens in the same tensors).
+(``call.batch``, the :class:`attn_ref.call.BatchTable` the reference reads as Python ints), computed
+on the device from the index arguments with torch ops (:func:`attn_ref.call.batch_table`). The
+launches are sized from shapes and static bounds only, as FA3's are: query tiles from ``sq``
+(varlen: ``max_seqlen_q``, at most ``total_q``), append blocks from ``k``'s token axis, the
+``num_splits=0`` heuristic from the cache capacity (not the actual longest sequence); programs past
+a batch entry's rows, keys or new tokens exit at once. So without the value checks a call reads no
+device value on the host and can be captured in a CUDA graph (and replayed with new
+``cache_seqlens``, page table and tokens in the same tensors).
 
 :func:`plan_kvcache` plans a validated call (the launches in order, and the result tensors they
 fill); :func:`attend` runs only the attention and combine of a call whose new tokens are already in
@@ -41,8 +43,8 @@ from typing import Callable, Optional, Union
 import torch
 
 from attn_ref.call import KVCacheCall
-from attn_ref.validation import check_kvcache_args
 from attn_ref.error_notes import catalogued
+from attn_ref.validation import check_kvcache_args
 
 from .append import plan_append_kv
 from .attention import plan_attention
@@ -103,11 +105,13 @@ def flash_attn_with_kvcache(
     """
     device = v_cache.device if isinstance(v_cache, torch.Tensor) else torch.device("cpu")
     call = check_kvcache_args(
-        q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, qv=qv,
+        rotary_cos=rotary_cos, rotary_sin=rotary_sin,
         cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
         page_table=page_table, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
-        max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size,
         attention_chunk=attention_chunk, softcap=softcap, rotary_interleaved=rotary_interleaved,
         num_splits=num_splits, only_qv=only_qv, sinks=sinks, out=out, ver=ver,
         return_softmax_lse=return_softmax_lse, value_checks=value_checks_enabled(device),
@@ -125,7 +129,8 @@ def plan_kvcache(call: KVCacheCall):
     """Plan a validated call: ``(launches, (out, lse, out_accum, lse_accum))``.
 
     The result tensors are allocated here and filled by running ``launches`` in order (append,
-    attention, combine). ``tests/test_kernel_compile.py`` compiles these same launches for sm_90/sm_80.
+    attention, combine). ``tests/test_kernel_compile.py`` compiles these same launches for
+    sm_90/sm_80.
     """
     call = _kernel_ready(call)
     append = plan_append_kv(call)
@@ -158,15 +163,18 @@ def attend(call: KVCacheCall):
 
 
 def plan_attend(call: KVCacheCall):
-    """Attention launches and their result tensors ``(out, lse, out_accum, lse_accum)`` (module docstring)."""
+    """Attention launches and their result tensors ``(out, lse, out_accum, lse_accum)`` (module
+    docstring)."""
     h, dv, device, total_q = call.num_heads, call.head_dim_v, call.v_cache.device, call.total_q
-    tiles = attention_tiles(call.num_heads // call.num_heads_k, call.seqlen_q_bound, call.head_dim, dv)
+    group = call.num_heads // call.num_heads_k
+    tiles = attention_tiles(group, call.seqlen_q_bound, call.head_dim, dv)
     no_work = call.empty_kv or h == 0  # (zero query heads: nothing to compute, G = 0)
     n = max(call.num_splits, 1) if no_work else call.num_splits or _heuristic_splits(call, tiles)
 
     # The validation guarantees a given `out` has the right shape, dtype and a contiguous last axis.
     out_shape = (*call.q.shape[:-1], dv)
-    result = call.out if call.out is not None else torch.empty(out_shape, dtype=call.out_dtype, device=device)
+    result = (call.out if call.out is not None
+              else torch.empty(out_shape, dtype=call.out_dtype, device=device))
     lse = torch.empty((h, total_q) if call.varlen_q else (call.batch_size, h, call.q.shape[1]),
                       dtype=torch.float32, device=device)
     out_view, lse_view = _per_head_rows(call, result, lse)  # (A0, h, rows, dv), (A0, h, rows)
@@ -191,7 +199,8 @@ def plan_attend(call: KVCacheCall):
     lse_accum_view = lse_accum if not call.varlen_q else lse_accum[:, None]  # (n, A0, h, rows)
     return [
         plan_attention(call, accum_view, lse_accum_view, n, tiles),
-        plan_merge(accum_view[0], lse_accum_view[0], accum_view[1:], lse_accum_view[1:], out_view, lse_view),
+        plan_merge(accum_view[0], lse_accum_view[0], accum_view[1:], lse_accum_view[1:],
+                   out_view, lse_view),
     ], results
 
 
@@ -205,8 +214,8 @@ def _heuristic_splits(call: KVCacheCall, tiles) -> int:
 
 
 def _per_head_rows(call: KVCacheCall, out: torch.Tensor, lse: torch.Tensor):
-    """Views ``(A0, h, rows, dv)`` of ``out`` and ``(A0, h, rows)`` of ``lse``: ``A0 = b`` for batched
-    queries (out is ``(b, sq, h, dv)``), 1 for packed ones (out ``(total_q, h, dv)``)."""
+    """Views ``(A0, h, rows, dv)`` of ``out`` and ``(A0, h, rows)`` of ``lse``: ``A0 = b`` for
+    batched queries (out is ``(b, sq, h, dv)``), 1 for packed ones (out ``(total_q, h, dv)``)."""
     if call.varlen_q:
         return out.permute(1, 0, 2)[None], lse[None]
     return out.permute(0, 2, 1, 3), lse
@@ -228,5 +237,6 @@ def _kernel_ready(call: KVCacheCall) -> KVCacheCall:
         qv=last_dim_contiguous(call.qv), page_table=last_dim_contiguous(call.page_table),
         rotary_cos=contiguous(call.rotary_cos), rotary_sin=contiguous(call.rotary_sin),
         q_descale=contiguous(call.q_descale), k_descale=contiguous(call.k_descale),
-        v_descale=contiguous(call.v_descale), sinks=contiguous(call.sinks), batch=call.batch.int32(),
+        v_descale=contiguous(call.v_descale), sinks=contiguous(call.sinks),
+        batch=call.batch.int32(),
     )

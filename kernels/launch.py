@@ -1,4 +1,5 @@
-"""How the kernels are launched: one :class:`Launch` record per kernel call, on a GPU or in the interpreter.
+"""How the kernels are launched: one :class:`Launch` record per kernel call, on a GPU or in the
+interpreter.
 
 Every launcher in this package first *plans* a call (kernel, grid, runtime arguments, compile-time
 constants, warps, stages) as a :class:`Launch`, then runs it. The same plan is what
@@ -6,7 +7,8 @@ constants, warps, stages) as a :class:`Launch`, then runs it. The same plan is w
 CI compiles are exactly the ones the launchers run.
 
 Interpreter mode (``TRITON_INTERPRET=1``, set before this package is imported) runs the kernels with
-numpy on the CPU. Its bf16 arithmetic is wrong and its fp32 -> bf16 / fp8 conversions round wrongly, so
+numpy on the CPU. Its bf16 arithmetic is wrong and its fp32 -> bf16 / fp8 conversions round wrongly,
+so
 :func:`compute_dtype` upcasts bf16 (and fp8) tiles to fp32 right after loading and
 :func:`explicit_rounding` makes stores round to nearest even first (:mod:`kernels.numerics`). On a
 GPU neither happens.
@@ -24,11 +26,13 @@ import triton.language as tl
 
 from .backend import interpreter_requested, require_backend
 
-#: True when Triton runs kernels through its numpy interpreter (decided at import time, as Triton does).
+# : True when Triton runs kernels through its numpy interpreter (decided at import time, as Triton
+# does).
 INTERPRETING = interpreter_requested(os.environ)
 
 #: Streaming multiprocessors assumed by the split heuristic in the interpreter: a tiny "device", so
-#: that ``num_splits=0`` exercises splitting on small CPU test shapes without launching many programs.
+# : that ``num_splits=0`` exercises splitting on small CPU test shapes without launching many
+# programs.
 INTERPRETER_SMS = 4
 
 _TL_DTYPES = {
@@ -67,8 +71,9 @@ class Launch:
     dummy_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def runtime_args(self) -> dict[str, Any]:
-        """``args`` with every ``None`` replaced by a dummy int32 tensor (never dereferenced; ``empty``
-        launches no fill kernel, so a CUDA graph of a call holds only the real launches)."""
+        """``args`` with every ``None`` replaced by a dummy int32 tensor (never dereferenced;
+        ``empty`` launches no fill kernel, so a CUDA graph of a call holds only the real
+        launches)."""
         dummy = torch.empty(1, dtype=torch.int32, device=self.dummy_device)
         return {k: _filled(v, dummy) for k, v in self.args.items()}
 
@@ -77,7 +82,8 @@ class Launch:
             return
         require_backend(_leaves(self.args.values()), INTERPRETING)
         self.kernel[self.grid](
-            **self.runtime_args(), **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages
+            **self.runtime_args(), **self.constexprs,
+            num_warps=self.num_warps, num_stages=self.num_stages,
         )
 
 
@@ -119,7 +125,8 @@ def tl_dtype(dtype: torch.dtype):
 def compute_dtype(dtype: torch.dtype):
     """Dtype that loaded q/k/v/qv tiles are converted to before the matmuls.
 
-    * fp16 / fp32: unchanged (fp32 matmuls use ``input_precision="ieee"``, see :func:`dot_precision`);
+    * fp16 / fp32: unchanged (fp32 matmuls use ``input_precision="ieee"``, see
+      :func:`dot_precision`);
     * bf16: unchanged on a GPU, fp32 in the interpreter (whose bf16 arithmetic is wrong);
     * fp8 e4m3: bf16 on a GPU (exact widening; the matmuls then run on bf16 tensor cores and the
       softmax weights keep bf16 precision), fp32 in the interpreter.
@@ -156,7 +163,8 @@ def rotated_q_parts(dtype: torch.dtype) -> int:
 
 
 def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (:data:`INTERPRETER_SMS` when interpreting on a CPU)."""
+    """Streaming multiprocessors of ``device`` (:data:`INTERPRETER_SMS` when interpreting on a
+    CPU)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return INTERPRETER_SMS

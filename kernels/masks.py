@@ -1,4 +1,5 @@
-"""Which keys a query row sees, inside the kernel: the mask test of a tile and the key range of a tile.
+"""Which keys a query row sees, inside the kernel: the mask test of a tile and the key range of a
+tile.
 
 The same bottom-right causal / sliding window / chunk semantics as :mod:`attn_ref.masks`, with the
 mask as one argument group of runtime values, ``mask = (window_left, window_right, chunk)``

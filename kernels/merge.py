@@ -18,8 +18,8 @@ and strides, so the same kernel serves
 * :func:`merge_attention_states` (two separate tensors, ``n = 2``);
 * :func:`combine_attention_states` (``n`` stacked states).
 
-Every state is addressed as ``(A0, A1, A2, dim)`` (LSE ``(A0, A1, A2)``) through strides; the grid is
-``(cdiv(A2, BLOCK_R), A1, A0)`` and a program merges ``BLOCK_R`` rows.
+Every state is addressed as ``(A0, A1, A2, dim)`` (LSE ``(A0, A1, A2)``) through strides; the grid
+is ``(cdiv(A2, BLOCK_R), A1, A0)`` and a program merges ``BLOCK_R`` rows.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from attn_ref.merge import check_combine_states, check_merge_states
 from attn_ref.error_notes import catalogued
+from attn_ref.merge import check_combine_states, check_merge_states
 
-from .launch import Launch, next_power_of_2, explicit_rounding
+from .launch import Launch, explicit_rounding, next_power_of_2
 from .numerics import store_as
 
 
@@ -73,8 +73,10 @@ def _rows(x: torch.Tensor, leading: int = 0) -> torch.Tensor:
 
 
 def _fold(first_out, first_lse, rest_out, rest_lse, out_shape):
-    """Run the merge kernel on row views; returns fp32 ``(out (out_shape), lse (out_shape[:-1]))``."""
-    out = torch.empty(first_out.shape, dtype=torch.float32, device=first_out.device)  # (1, 1, R, dim)
+    """Run the merge kernel on row views; returns fp32 ``(out (out_shape), lse
+    (out_shape[:-1]))``."""
+    # (1, 1, R, dim)
+    out = torch.empty(first_out.shape, dtype=torch.float32, device=first_out.device)
     lse = torch.empty(first_lse.shape, dtype=torch.float32, device=first_out.device)  # (1, 1, R)
     if out.numel() > 0:
         plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse).run()
@@ -84,22 +86,26 @@ def _fold(first_out, first_lse, rest_out, rest_lse, out_shape):
 def plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse) -> Launch:
     """Launch that folds state 0 with states ``1..n-1`` into ``(out, lse)``.
 
-    Shapes: ``first_out (A0, A1, A2, dim)``, ``first_lse (A0, A1, A2)``, ``rest_out (n-1, A0, A1, A2, dim)``,
-    ``rest_lse (n-1, A0, A1, A2)``, ``out (A0, A1, A2, dim)`` (any float dtype), ``lse (A0, A1, A2)``
-    fp32. Every ``dim`` axis must have stride 1.
+    Shapes: ``first_out (A0, A1, A2, dim)``, ``first_lse (A0, A1, A2)``, ``rest_out (n-1, A0, A1,
+    A2, dim)``, ``rest_lse (n-1, A0, A1, A2)``, ``out (A0, A1, A2, dim)`` (any float dtype), ``lse
+    (A0, A1, A2)`` fp32. Every ``dim`` axis must have stride 1.
     """
     a0, a1, a2, dim = out.shape
     block_dim = max(16, next_power_of_2(dim))
-    block_r = max(1, min(64, 4096 // block_dim))  # rows per program (fixed: fewer compiled variants)
+    # rows per program (fixed: fewer compiled variants)
+    block_r = max(1, min(64, 4096 // block_dim))
     args = dict(
-        first_out_ptr=first_out, first_lse_ptr=first_lse, rest_out_ptr=rest_out, rest_lse_ptr=rest_lse,
+        first_out_ptr=first_out, first_lse_ptr=first_lse,
+        rest_out_ptr=rest_out, rest_lse_ptr=rest_lse,
         out_ptr=out, lse_ptr=lse, num_rest=rest_out.shape[0], rows=a2,
-        **_strides("stride_fo", first_out.stride()[:3]), **_strides("stride_fl", first_lse.stride()),
+        **_strides("stride_fo", first_out.stride()[:3]),
+        **_strides("stride_fl", first_lse.stride()),
         **_strides("stride_ro", rest_out.stride()[:4], ("s", "0", "1", "2")),
         **_strides("stride_rl", rest_lse.stride(), ("s", "0", "1", "2")),
         **_strides("stride_o", out.stride()[:3]), **_strides("stride_l", lse.stride()),
     )
-    constexprs = dict(DIM=dim, BLOCK_R=block_r, BLOCK_DIM=block_dim, ROUND_TO=explicit_rounding(out.dtype))
+    constexprs = dict(DIM=dim, BLOCK_R=block_r, BLOCK_DIM=block_dim,
+                      ROUND_TO=explicit_rounding(out.dtype))
     return Launch(_merge_states_kernel, (triton.cdiv(a2, block_r), a1, a0), args, constexprs,
                   num_warps=4, num_stages=1, dummy_device=out.device)
 
@@ -132,20 +138,24 @@ def _merge_states_kernel(
     row_mask = offs_r < rows  # (BLOCK_R,)
     mask = row_mask[:, None] & (offs_d[None, :] < DIM)  # (BLOCK_R, BLOCK_DIM)
 
-    o, lse = _load_state(
-        first_out_ptr + a0 * stride_fo0 + a1 * stride_fo1 + offs_r[:, None] * stride_fo2 + offs_d[None, :],
-        first_lse_ptr + a0 * stride_fl0 + a1 * stride_fl1 + offs_r * stride_fl2, mask, row_mask,
-    )  # (BLOCK_R, BLOCK_DIM), (BLOCK_R,)
+    # (BLOCK_R, BLOCK_DIM), (BLOCK_R,): state 0's out and lse
+    first_out_ptrs = (first_out_ptr + a0 * stride_fo0 + a1 * stride_fo1
+                      + offs_r[:, None] * stride_fo2 + offs_d[None, :])
+    first_lse_ptrs = first_lse_ptr + a0 * stride_fl0 + a1 * stride_fl1 + offs_r * stride_fl2
+    # (BLOCK_R, BLOCK_DIM), (BLOCK_R,)
+    o, lse = _load_state(first_out_ptrs, first_lse_ptrs, mask, row_mask)
     rest_out_ptrs = (rest_out_ptr + a0 * stride_ro0 + a1 * stride_ro1 + offs_r[:, None] * stride_ro2
                      + offs_d[None, :])  # (BLOCK_R, BLOCK_DIM) state 1
-    rest_lse_ptrs = rest_lse_ptr + a0 * stride_rl0 + a1 * stride_rl1 + offs_r * stride_rl2  # (BLOCK_R,)
+    # (BLOCK_R,)
+    rest_lse_ptrs = rest_lse_ptr + a0 * stride_rl0 + a1 * stride_rl1 + offs_r * stride_rl2
     for _ in range(num_rest):
         o_s, lse_s = _load_state(rest_out_ptrs, rest_lse_ptrs, mask, row_mask)
         o, lse = _merge_pair(o, lse, o_s, lse_s)
         rest_out_ptrs += stride_ros  # next state (64-bit pointer arithmetic)
         rest_lse_ptrs += stride_rls
 
-    out_ptrs = out_ptr + a0 * stride_o0 + a1 * stride_o1 + offs_r[:, None] * stride_o2 + offs_d[None, :]
+    out_ptrs = (out_ptr + a0 * stride_o0 + a1 * stride_o1 + offs_r[:, None] * stride_o2
+                + offs_d[None, :])  # (BLOCK_R, BLOCK_DIM)
     store_as(out_ptrs, o, mask, ROUND_TO)
     tl.store(lse_ptr + a0 * stride_l0 + a1 * stride_l1 + offs_r * stride_l2, lse, mask=row_mask)
 

@@ -1,11 +1,12 @@
 """Small ``@triton.jit`` numeric helpers shared by the kernels.
 
-* ``LOG2E``, ``LN2`` - the base change of the online softmax (``exp2`` in the loop, natural-log LSE out).
-* :func:`round_to_bf16` - round fp32 to the nearest bf16 value (ties to even) by integer operations
-  on the fp32 bits: ``bits + 0x7FFF + lsb`` then clear the low 16 bits, where ``lsb`` is bit 16 (the
-  last bit bf16 keeps). The result is an fp32 holding a bf16 value, so the following ``.to(bf16)``
-  is exact even in Triton's interpreter, which truncates. Inputs are finite (attention outputs, rotated
-  keys), so the NaN case of a full converter is not needed.
+* ``LOG2E``, ``LN2`` - the base change of the online softmax (``exp2`` in the loop, natural-log
+  LSE out).
+* :func:`round_to_bf16` - round fp32 to the nearest bf16 value (ties to even) by integer
+  operations on the fp32 bits: ``bits + 0x7FFF + lsb`` then clear the low 16 bits, where ``lsb`` is
+  bit 16 (the last bit bf16 keeps). The result is an fp32 holding a bf16 value, so the following
+  ``.to(bf16)`` is exact even in Triton's interpreter, which truncates. Inputs are finite (attention
+  outputs, rotated keys), so the NaN case of a full converter is not needed.
 * :func:`round_to_fp8e4m3` - round fp32 to the nearest fp8 e4m3 value (ties to even): with ``e`` the
   binary exponent of ``x``, e4m3 keeps 3 fraction bits, so its spacing there is
   ``2^max(e - 3, -9)`` (-9: the subnormal spacing); ``x / spacing`` is rounded to an integer by the
@@ -16,18 +17,19 @@
   an fp32 tile against 16-bit data keeps ~fp32 accuracy on 16-bit tensor cores (2 or 3 matmuls).
 * :func:`store_as` - cast an fp32 tile to the destination's element type and store it, rounding
   explicitly first when ``ROUND_TO`` says so (interpreter with a bf16 or fp8 destination).
-* :func:`tanh` - accurate to a few fp32 ulps everywhere, with only ``exp`` (which the interpreter and
-  every GPU target have). For ``|x| >= 1/4``: ``(1 - e^{-2|x|}) / (1 + e^{-2|x|})`` with the sign of
-  ``x`` (never overflows: the exponent is <= 0; ``|x| = inf`` gives 1). Below that, the difference
-  ``1 - e^{-2|x|}`` would cancel (a large softcap makes every argument tiny: ``softcap = 1e6`` put the
-  logits 0.03 off), so the odd Taylor series ``x - x³/3 + 2x⁵/15 - 17x⁷/315 + 62x⁹/2835`` is used,
-  whose first omitted term is below ``1e-8 |x|`` there.
+* :func:`tanh` - accurate to a few fp32 ulps everywhere, with only ``exp`` (which the interpreter
+  and every GPU target have). For ``|x| >= 1/4``: ``(1 - e^{-2|x|}) / (1 + e^{-2|x|})`` with the
+  sign of ``x`` (never overflows: the exponent is <= 0; ``|x| = inf`` gives 1). Below that, the
+  difference ``1 - e^{-2|x|}`` would cancel (a large softcap makes every argument tiny: ``softcap =
+  1e6`` put the logits 0.03 off), so the odd Taylor series ``x - x³/3 + 2x⁵/15 - 17x⁷/315 +
+  62x⁹/2835`` is used, whose first omitted term is below ``1e-8 |x|`` there.
 """
 
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): e^x = 2^(x·LOG2E), the kernels' softmax works in base 2
+# log2(e): e^x = 2^(x·LOG2E), the kernels' softmax works in base 2
+LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): back from base 2 to the natural-log LSE
 
 
@@ -83,6 +85,7 @@ def tanh(x):
     e = tl.exp(-2.0 * a)
     large = (1.0 - e) / (1.0 + e)
     x2 = x * x
-    small = a * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))))
+    small = a * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0
+                                                 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))))
     t = tl.where(a < 0.25, small, large)
     return tl.where(x < 0.0, -t, t)

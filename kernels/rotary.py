@@ -5,7 +5,8 @@ Tables ``cos, sin`` are ``(seqlen_rotary, rotary_dim / 2)``; a token at position
 
     y_c = x_c * cos[pos, m] + sign_c * x_{c'} * sin[pos, m]
 
-* interleaved (GPT-J): pairs ``(2m, 2m+1)``: ``c' = c xor 1``, ``m = c // 2``, sign ``-1`` on even ``c``;
+* interleaved (GPT-J): pairs ``(2m, 2m+1)``: ``c' = c xor 1``, ``m = c // 2``, sign ``-1`` on even
+  ``c``;
 * GPT-NeoX: pairs ``(m, m + rotary_dim/2)``: ``c' = c ± rotary_dim/2``, ``m = c mod rotary_dim/2``,
   sign ``-1`` on the first half.
 
@@ -40,11 +41,13 @@ def apply_rotary(
         sign = tl.where(offs_d % 2 == 0, -1.0, 1.0)
     else:
         partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
-        angle = tl.where(offs_d < half, offs_d, offs_d - half)  # c mod half, for the rotated c < 2·half
+        # c mod half, for the rotated c < 2·half
+        angle = tl.where(offs_d < half, offs_d, offs_d - half)
         sign = tl.where(offs_d < half, -1.0, 1.0)
     partner = tl.where(rotated, partner, offs_d)  # (BLOCK_D,)
     x = tl.load(row_ptrs + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)  # (R, BLOCK_D)
-    x_partner = tl.load(row_ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)  # (R, BLOCK_D)
+    # (R, BLOCK_D)
+    x_partner = tl.load(row_ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)
     table = positions.to(tl.int64)[:, None] * stride_rotary + angle[None, :]  # (R, BLOCK_D)
     table_mask = mask & rotated[None, :]
     cos = tl.load(cos_ptr + table, mask=table_mask, other=1.0).to(tl.float32)  # (R, BLOCK_D)

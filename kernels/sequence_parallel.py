@@ -7,14 +7,16 @@ backend is bound to the kernels:
 * local attention: :func:`kernels.flash_attn_with_kvcache` with ``return_softmax_lse=True`` (K/V as
   a dense cache, bottom-right causal);
 * merge of partial states (ring steps, replicated K/V): :func:`kernels.merge_attention_states`;
-* the backward of local attention (ring steps, Ulysses, USP): :func:`kernels.backward.attention_backward`,
+* the backward of local attention (ring steps, Ulysses, USP):
+  :func:`kernels.backward.attention_backward`,
   so ``loss.backward()`` through these classes runs the same ring backward and collectives' adjoints
   as the reference, with the Triton backward kernels for the arithmetic.
 
-The classes are the reference's with this backend as their ``backend`` attribute; ``ring_attention`` and
-the ring-flash-attention entry points (``ring_flash_attn_func`` and the rest) are the reference's,
-bound to this backend (:func:`~attn_ref.sequence_parallel.ring_flash_attn.with_backend`). Everything else (groups, collectives, layouts, the launcher) is re-exported
-unchanged.
+The classes are the reference's with this backend as their ``backend`` attribute; ``ring_attention``
+and the ring-flash-attention entry points (``ring_flash_attn_func`` and the rest) are the
+reference's, bound to this backend
+(:func:`~attn_ref.sequence_parallel.ring_flash_attn.with_backend`). Everything else (groups,
+collectives, layouts, the launcher) is re-exported unchanged.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from .kvcache import flash_attn_with_kvcache
 from .merge import merge_attention_states
 
 #: The Triton kernels as the SP schemes' local attention, merge and attention backward.
-KERNEL_BACKEND = AttentionBackend("kernels", flash_attn_with_kvcache, merge_attention_states, attention_backward)
+KERNEL_BACKEND = AttentionBackend("kernels", flash_attn_with_kvcache, merge_attention_states,
+                                  attention_backward)
 
 
 class UlyssesAttention(_sp.UlyssesAttention):
@@ -59,14 +62,17 @@ class USPAttention(_sp.USPAttention):
 
 
 ring_attention = with_backend(_sp.ring_attention, KERNEL_BACKEND)
-""":func:`attn_ref.sequence_parallel.ring_attention` computing with the Triton kernels (same arguments but
+""":func:`attn_ref.sequence_parallel.ring_attention` computing with the Triton kernels (same
+arguments but
 ``backend``, same errors, same results)."""
 ring_flash_attn_func = with_backend(_sp.ring_flash_attn_func, KERNEL_BACKEND)
 ring_flash_attn_kvpacked_func = with_backend(_sp.ring_flash_attn_kvpacked_func, KERNEL_BACKEND)
 ring_flash_attn_qkvpacked_func = with_backend(_sp.ring_flash_attn_qkvpacked_func, KERNEL_BACKEND)
 zigzag_ring_flash_attn_func = with_backend(_sp.zigzag_ring_flash_attn_func, KERNEL_BACKEND)
-zigzag_ring_flash_attn_kvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_kvpacked_func, KERNEL_BACKEND)
-zigzag_ring_flash_attn_qkvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_qkvpacked_func, KERNEL_BACKEND)
+zigzag_ring_flash_attn_kvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_kvpacked_func,
+                                                    KERNEL_BACKEND)
+zigzag_ring_flash_attn_qkvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_qkvpacked_func,
+                                                     KERNEL_BACKEND)
 
 #: The reference's public names, with :data:`KERNEL_BACKEND` in place of ``REFERENCE_BACKEND``.
 __all__ = [name if name != "REFERENCE_BACKEND" else "KERNEL_BACKEND" for name in _sp.__all__]

@@ -1,7 +1,8 @@
 """How many KV splits to run (``num_splits=0``) and how big the attention tiles are.
 
 **Split ranges** are those of :func:`attn_ref.splits.split_bounds`: split ``s`` of ``n`` covers keys
-``[s·ceil(s_k/n), (s+1)·ceil(s_k/n)) ∩ [0, s_k)``; the kernel computes them itself from ``s_k`` and ``n``.
+``[s·ceil(s_k/n), (s+1)·ceil(s_k/n)) ∩ [0, s_k)``; the kernel computes them itself from ``s_k`` and
+``n``.
 
 **Heuristic** (:func:`choose_num_splits`). Without splitting the attention grid has
 ``programs = batch · h_k · m_blocks`` programs (pack-GQA: one program per KV head, not per query
@@ -20,13 +21,15 @@ reads ``cache_seqlens`` and one CUDA graph serves every length.
 
 Examples on an H200 (132 SMs), GQA 32/8, BLOCK_N 64: batch 1, 64k context -> 8 programs, ``n = 33``
 (~2k keys each, 264 programs); batch 16, 4k -> 128 programs, ``n = 3``; batch 32 -> 256 programs,
-``n = 1``. In the interpreter the device is taken to have :data:`kernels.launch.INTERPRETER_SMS` SMs.
+``n = 1``. In the interpreter the device is taken to have :data:`kernels.launch.INTERPRETER_SMS`
+SMs.
 
-**Tiles** (:func:`attention_tiles`), chosen for H100/H200, no autotuning (the launch is deterministic
-and the compile test compiles exactly what runs):
+**Tiles** (:func:`attention_tiles`), chosen for H100/H200, no autotuning (the launch is
+deterministic and the compile test compiles exactly what runs):
 
-* decode-like calls (``max s_q · g <= 64`` packed rows): ``BLOCK_M = max(16, next_pow2(s_q · g))``,
-  ``BLOCK_N = 64``, 4 warps, 3 stages: a memory-bound stream of K/V blocks, split-KV for parallelism;
+* decode-like calls (``max s_q · g <= 64`` packed rows): ``BLOCK_M = max(16, next_pow2(s_q ·
+  g))``, ``BLOCK_N = 64``, 4 warps, 3 stages: a memory-bound stream of K/V blocks, split-KV for
+  parallelism;
 * prefill: ``BLOCK_M = 128`` packed rows, ``BLOCK_N = 64``, 8 warps, 3 stages (the Triton tutorial's
   Hopper shape for d = 128), causal blocks above the diagonal skipped;
 * head dims above 128 halve ``BLOCK_N`` (and ``BLOCK_M`` for prefill) to stay within registers;
@@ -52,8 +55,8 @@ MIN_BLOCKS_PER_SPLIT = 4
 
 @triton.jit
 def split_bounds(seqlen_k, split, num_splits):
-    """``(k0, k1)`` int32: the keys ``[k0, k1)`` of split ``split`` of ``num_splits`` over ``[0, seqlen_k)``
-    (entry ``split`` of :func:`attn_ref.splits.split_bounds`)."""
+    """``(k0, k1)`` int32: the keys ``[k0, k1)`` of split ``split`` of ``num_splits`` over ``[0,
+    seqlen_k)`` (entry ``split`` of :func:`attn_ref.splits.split_bounds`)."""
     length = tl.cdiv(seqlen_k, num_splits)
     k0 = tl.minimum(split * length, seqlen_k)
     return k0, tl.minimum(k0 + length, seqlen_k)
@@ -67,7 +70,8 @@ class AttentionTiles:
     num_stages: int
 
 
-def attention_tiles(group: int, max_seqlen_q: int, head_dim: int, head_dim_v: int) -> AttentionTiles:
+def attention_tiles(group: int, max_seqlen_q: int, head_dim: int,
+                    head_dim_v: int) -> AttentionTiles:
     """Tile sizes for ``group = h / h_k`` query heads per KV head (see the module docstring)."""
     packed_rows = max(1, max_seqlen_q) * group
     min_m = max(16, next_power_of_2(group))
@@ -82,7 +86,8 @@ def attention_tiles(group: int, max_seqlen_q: int, head_dim: int, head_dim_v: in
 
 
 def choose_num_splits(programs: int, max_seqlen_k: int, block_n: int, num_sms: int) -> int:
-    """Split count for ``num_splits=0``: ``programs`` = unsplit grid size (see the module docstring)."""
+    """Split count for ``num_splits=0``: ``programs`` = unsplit grid size (see the module
+    docstring)."""
     if programs >= num_sms:
         return 1
     by_occupancy = triton.cdiv(2 * num_sms, max(programs, 1))

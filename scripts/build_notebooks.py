@@ -1,19 +1,21 @@
 """Build the tutorial notebooks: ``tutorials_src/*.py`` -> executed ``docs/tutorials/*.ipynb``.
 
-Each tutorial is written as a plain Python file in jupytext's *percent* format (``# %%`` starts a code
-cell, ``# %% [markdown]`` a prose cell whose lines are ``# ``-commented Markdown), so it is reviewed and
-diffed as code. This script turns each source into a notebook, executes it top to bottom in a fresh
-``python3`` kernel (nbclient; the working directory is the repository root) and stores it **with its
-outputs**, so the docs site renders it without executing anything.
+Each tutorial is written as a plain Python file in jupytext's *percent* format (``# %%`` starts a
+code cell, ``# %% [markdown]`` a prose cell whose lines are ``# ``-commented Markdown), so it is
+reviewed and diffed as code. This script turns each source into a notebook, executes it top to
+bottom in a fresh ``python3`` kernel (nbclient; the working directory is the repository root) and
+stores it **with its outputs**, so the docs site renders it without executing anything.
 
 Usage::
 
     .venv/bin/python scripts/build_notebooks.py          # every tutorial
-    .venv/bin/python scripts/build_notebooks.py 04 05    # the tutorials whose file name contains 04 or 05
+    .venv/bin/python scripts/build_notebooks.py 04 05    # the tutorials whose file name contains 04
+    or 05
 
 It prints the execution time of each notebook and stores it in the notebook's metadata
 (``metadata.attn_ref``: :func:`run_record`), which the docs site shows next to the download links.
-``tests/test_notebooks.py`` checks that the stored notebooks match their sources and re-executes them.
+``tests/test_notebooks.py`` checks that the stored notebooks match their sources and re-executes
+them.
 """
 
 from __future__ import annotations
@@ -48,10 +50,12 @@ def notebook_path(source: Path) -> Path:
 def load_source(source: Path) -> nbformat.NotebookNode:
     """The unexecuted notebook of a percent-format source, with stable cell ids and metadata."""
     nb = jupytext.read(source, fmt="py:percent")
-    nb.metadata = nbformat.from_dict({
-        "kernelspec": KERNELSPEC,
-        "language_info": {"name": "python"},
-    })
+    nb.metadata = nbformat.from_dict(
+        {
+            "kernelspec": KERNELSPEC,
+            "language_info": {"name": "python"},
+        }
+    )
     for index, cell in enumerate(nb.cells):
         cell.id = f"cell-{index:02d}"
         cell.metadata.pop("lines_to_next_cell", None)
@@ -65,7 +69,10 @@ def execute(nb: nbformat.NotebookNode) -> float:
     ``nbclient.exceptions.CellTimeoutError`` on a cell that runs past :data:`CELL_TIMEOUT_S`.
     """
     client = NotebookClient(
-        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", record_timing=False,
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",
+        record_timing=False,
         resources={"metadata": {"path": str(ROOT)}},
     )
     start = time.perf_counter()
@@ -84,8 +91,12 @@ def coalesce_streams(nb: nbformat.NotebookNode) -> None:
         joined = []
         for output in cell.outputs:
             previous = joined[-1] if joined else None
-            if (output.output_type == "stream" and previous is not None
-                    and previous.output_type == "stream" and previous.name == output.name):
+            if (
+                output.output_type == "stream"
+                and previous is not None
+                and previous.output_type == "stream"
+                and previous.name == output.name
+            ):
                 previous.text += output.text
             else:
                 joined.append(output)
@@ -93,7 +104,8 @@ def coalesce_streams(nb: nbformat.NotebookNode) -> None:
 
 
 def run_record(seconds: float) -> dict:
-    """``metadata.attn_ref`` of an executed notebook: its measured run time and on how many CPU cores."""
+    """``metadata.attn_ref`` of an executed notebook: its measured run time and on how many CPU
+    cores."""
     return {"run_seconds": round(seconds, 1), "cpu_count": os.cpu_count()}
 
 

@@ -27,14 +27,24 @@ OUT = ROOT / "docs" / "figures"
 RANK = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
 EMPTY, PAD, INK, SEEN = "#F1F1F1", "#C9C9C9", "#333333", "#4C72B0"
 
-plt.rcParams.update({
-    "svg.fonttype": "none", "svg.hashsalt": "attn-ref", "font.family": "sans-serif", "font.size": 10,
-    "text.color": INK, "axes.edgecolor": INK, "axes.labelcolor": INK, "xtick.color": INK, "ytick.color": INK,
-})
+plt.rcParams.update(
+    {
+        "svg.fonttype": "none",
+        "svg.hashsalt": "attn-ref",
+        "font.family": "sans-serif",
+        "font.size": 10,
+        "text.color": INK,
+        "axes.edgecolor": INK,
+        "axes.labelcolor": INK,
+        "xtick.color": INK,
+        "ytick.color": INK,
+    }
+)
 
 
 def canvas(width: float, height: float, xlim: tuple[float, float], ylim: tuple[float, float]):
-    """A figure with one frameless axis in data units, y growing downwards (rows read top to bottom)."""
+    """A figure with one frameless axis in data units, y growing downwards (rows read top to
+    bottom)."""
     fig, ax = plt.subplots(figsize=(width, height))
     ax.set_xlim(*xlim)
     ax.set_ylim(ylim[1], ylim[0])
@@ -44,14 +54,33 @@ def canvas(width: float, height: float, xlim: tuple[float, float], ylim: tuple[f
 
 
 def cell(ax, x, y, color, text="", w=1.0, h=1.0, text_color="white", size=9, hatch=None):
-    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="white", linewidth=1.2, hatch=hatch))
+    ax.add_patch(
+        Rectangle((x, y), w, h, facecolor=color, edgecolor="white", linewidth=1.2, hatch=hatch)
+    )
     if text != "":
-        ax.text(x + w / 2, y + h / 2, str(text), ha="center", va="center", color=text_color, fontsize=size)
+        ax.text(
+            x + w / 2,
+            y + h / 2,
+            str(text),
+            ha="center",
+            va="center",
+            color=text_color,
+            fontsize=size,
+        )
 
 
 def arrow(ax, start, end, color=INK, style="-|>", rad=0.0, lw=1.2):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=12, color=color, lw=lw,
-                                 connectionstyle=f"arc3,rad={rad}"))
+    ax.add_patch(
+        FancyArrowPatch(
+            start,
+            end,
+            arrowstyle=style,
+            mutation_scale=12,
+            color=color,
+            lw=lw,
+            connectionstyle=f"arc3,rad={rad}",
+        )
+    )
 
 
 def save(fig, path: Path) -> None:
@@ -62,7 +91,11 @@ def save(fig, path: Path) -> None:
 def kv_cache() -> None:
     """Three cache rows: left padding, old tokens, appended tokens, free capacity."""
     capacity = 16
-    rows = [("sequence 0: prefill chunk", 0, 4, 3), ("sequence 1: decode", 3, 9, 1), ("sequence 2: decode", 0, 13, 1)]
+    rows = [
+        ("sequence 0: prefill chunk", 0, 4, 3),
+        ("sequence 1: decode", 3, 9, 1),
+        ("sequence 2: decode", 0, 13, 1),
+    ]
     fig, ax = canvas(10, 4.2, (-7.5, capacity + 0.5), (-1.0, 3 * 1.6 + 2.2))
     for p in range(capacity):
         ax.text(p + 0.5, -0.35, str(p), ha="center", fontsize=8, color="#777777")
@@ -81,8 +114,12 @@ def kv_cache() -> None:
                 cell(ax, p, y, EMPTY)
         arrow(ax, (seqlen, y + 1.45), (seqlen, y + 1.02))
         ax.text(seqlen + 0.1, y + 1.42, f"cache_seqlens = {seqlen}", fontsize=8, va="center")
-    legend = [(PAD, "///", "left padding (cache_leftpad), never attended"), (RANK[0], None, "old tokens"),
-              (RANK[1], None, "new k, v: written here, then attended"), (EMPTY, None, "free capacity")]
+    legend = [
+        (PAD, "///", "left padding (cache_leftpad), never attended"),
+        (RANK[0], None, "old tokens"),
+        (RANK[1], None, "new k, v: written here, then attended"),
+        (EMPTY, None, "free capacity"),
+    ]
     for n, (color, hatch, text) in enumerate(legend):
         x, y = -7.4 + (n % 2) * 11.5, 3 * 1.6 + 0.3 + (n // 2) * 0.9
         cell(ax, x, y, color, w=0.6, h=0.6, hatch=hatch)
@@ -103,7 +140,15 @@ def paged() -> None:
         ax.text(0, y - 0.2, f"sequence {s}: {n} tokens", fontsize=8)
         for p in range(len(table) * P):
             x = p + (p // P) * 0.25
-            cell(ax, x, y, RANK[s] if p < n else EMPTY, p if p < n else "", text_color="white", size=7)
+            cell(
+                ax,
+                x,
+                y,
+                RANK[s] if p < n else EMPTY,
+                p if p < n else "",
+                text_color="white",
+                size=7,
+            )
         for i, page in enumerate(table):
             cell(ax, 14.2 + i * 1.1, y, "#FFFFFF", page, text_color=INK)
             ax.add_patch(Rectangle((14.2 + i * 1.1, y), 1, 1, fill=False, edgecolor=INK, lw=0.8))
@@ -115,17 +160,40 @@ def paged() -> None:
             if owner:
                 s, i = owner[0]
                 p = i * P + slot
-                cell(ax, 19 + slot, y, RANK[s] if p < lengths[s] else EMPTY, p if p < lengths[s] else "",
-                     size=7)
+                cell(
+                    ax,
+                    19 + slot,
+                    y,
+                    RANK[s] if p < lengths[s] else EMPTY,
+                    p if p < lengths[s] else "",
+                    size=7,
+                )
             else:
                 cell(ax, 19 + slot, y, EMPTY)
     for s, table in enumerate(tables):
         for i, page in enumerate(table):
-            arrow(ax, (14.7 + i * 1.1, s * 2.2 + 1.0), (19, page * 1.15), color=RANK[s], rad=-0.15, lw=0.9)
-    ax.text(0, 5.3, "position p of row r lives at  k_cache[page_table[r, p // P], p % P]", fontsize=9,
-            family="monospace")
-    ax.text(0, 6.3, "pages can be anywhere, in any order; unused table entries are never read", fontsize=8,
-            color="#666666")
+            arrow(
+                ax,
+                (14.7 + i * 1.1, s * 2.2 + 1.0),
+                (19, page * 1.15),
+                color=RANK[s],
+                rad=-0.15,
+                lw=0.9,
+            )
+    ax.text(
+        0,
+        5.3,
+        "position p of row r lives at  k_cache[page_table[r, p // P], p % P]",
+        fontsize=9,
+        family="monospace",
+    )
+    ax.text(
+        0,
+        6.3,
+        "pages can be anywhere, in any order; unused table entries are never read",
+        fontsize=8,
+        color="#666666",
+    )
     return fig
 
 
@@ -140,7 +208,14 @@ def gqa() -> None:
         cell(ax, 1.2 + g * 5.8, 3.0, RANK[g], f"k{g}, v{g}", w=1.6)
     ax.text(-2.1, 0.5, "query heads\nh = 8", va="center", fontsize=8)
     ax.text(-2.1, 3.5, "KV heads\nh_k = 2", va="center", fontsize=8)
-    ax.text(4.6, 4.4, "query head head reads KV head head // g,  g = h / h_k", ha="center", fontsize=9, family="monospace")
+    ax.text(
+        4.6,
+        4.4,
+        "query head head reads KV head head // g,  g = h / h_k",
+        ha="center",
+        fontsize=9,
+        family="monospace",
+    )
     return fig
 
 
@@ -150,16 +225,24 @@ MASK_PANELS = [
     ("causal, s_q = 2, s_k = 5", 2, 5, AttentionMask(causal=True)),
     ("causal, s_q = 5, s_k = 2", 5, 2, AttentionMask(causal=True)),
     ("window (2, 1), s_q = 4, s_k = 8", 4, 8, AttentionMask(window_size=(2, 1))),
-    ("causal + window (2, 0), s_q = 4, s_k = 8", 4, 8,
-     AttentionMask(causal=True, window_size=(2, 0))),
+    (
+        "causal + window (2, 0), s_q = 4, s_k = 8",
+        4,
+        8,
+        AttentionMask(causal=True, window_size=(2, 0)),
+    ),
     ("chunk 3, causal, s_q = 4, s_k = 8", 4, 8, AttentionMask(causal=True, attention_chunk=3)),
 ]
 
 
 def masks() -> None:
     """Visibility matrices from AttentionMask.visible_keys, the diagonal i + Δ outlined."""
-    row_heights = [max(sq for _, sq, *_ in MASK_PANELS[r * 3:(r + 1) * 3]) + 0.9 for r in range(2)]
-    fig, axes = plt.subplots(2, 3, figsize=(10, 3.9), gridspec_kw={"height_ratios": row_heights, "hspace": 0.25})
+    row_heights = [
+        max(sq for _, sq, *_ in MASK_PANELS[r * 3 : (r + 1) * 3]) + 0.9 for r in range(2)
+    ]
+    fig, axes = plt.subplots(
+        2, 3, figsize=(10, 3.9), gridspec_kw={"height_ratios": row_heights, "hspace": 0.25}
+    )
     for n, (ax, (title, sq, sk, mask)) in enumerate(zip(axes.flat, MASK_PANELS)):
         visible = mask.visible_keys(sq, sk)
         ax.set_xlim(0, 8)
@@ -170,15 +253,28 @@ def masks() -> None:
         for i in range(sq):
             ax.text(-0.2, i + 0.5, f"i={i}", ha="right", va="center", fontsize=7, color="#777777")
             for j in range(sk):
-                cell(ax, j, i, SEEN if visible[i, j] else EMPTY, "1" if visible[i, j] else "0",
-                     text_color="white" if visible[i, j] else "#999999", size=7)
+                cell(
+                    ax,
+                    j,
+                    i,
+                    SEEN if visible[i, j] else EMPTY,
+                    "1" if visible[i, j] else "0",
+                    text_color="white" if visible[i, j] else "#999999",
+                    size=7,
+                )
             diag = i + sk - sq
             if 0 <= diag < sk:
                 ax.add_patch(Rectangle((diag, i), 1, 1, fill=False, edgecolor=RANK[1], lw=2))
         for j in range(sk):
             ax.text(j + 0.5, -0.3, f"{j}", ha="center", fontsize=7, color="#777777")
-    fig.text(0.5, 0.04, "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = s_k - s_q "
-             "(the query's own position, bottom-right aligned)", ha="center", fontsize=8)
+    fig.text(
+        0.5,
+        0.04,
+        "rows: query i;  columns: key j;  orange outline: key i + Δ with Δ = s_k - s_q "
+        "(the query's own position, bottom-right aligned)",
+        ha="center",
+        fontsize=8,
+    )
     return fig
 
 
@@ -196,8 +292,14 @@ def split_kv() -> None:
         cell(ax, mid - 1.2, 2.2, RANK[s], f"(o{s}, lse{s})", w=2.4, size=8)
         arrow(ax, (mid, 3.25), (5.3, 4.25), color=RANK[s])
     cell(ax, 4.3, 4.25, INK, "⊕  →  (o, lse)", w=4.0, size=9)
-    ax.text(11.9, 2.7, "lse = log Σ_s exp(lse_s)\no = Σ_s exp(lse_s − lse) · o_s", fontsize=8, family="monospace",
-            va="center")
+    ax.text(
+        11.9,
+        2.7,
+        "lse = log Σ_s exp(lse_s)\no = Σ_s exp(lse_s − lse) · o_s",
+        fontsize=8,
+        family="monospace",
+        va="center",
+    )
     return fig
 
 
@@ -205,7 +307,12 @@ def ulysses() -> None:
     """Token x head ownership before and after the Ulysses all-to-all (P = 4)."""
     P, S, H = 4, 8, 4
     fig, ax = canvas(8.5, 3.6, (-1.5, 2 * H + 5), (-1.4, S + 0.4))
-    for panel, title in enumerate(["before: rank r holds tokens\nblock r, all heads", "after all-to-all: rank r holds\nall tokens, heads block r"]):
+    for panel, title in enumerate(
+        [
+            "before: rank r holds tokens\nblock r, all heads",
+            "after all-to-all: rank r holds\nall tokens, heads block r",
+        ]
+    ):
         x0 = panel * (H + 4.5)
         ax.text(x0 + H / 2, -0.6, title, ha="center", fontsize=8)
         for t in range(S):
@@ -227,8 +334,10 @@ def ring_and_zigzag() -> None:
     plain = [[i // 2 if j <= i else None for j in range(2 * P)] for i in range(2 * P)]
     owner = [c if c < P else 2 * P - 1 - c for c in range(2 * P)]
     zig = [[owner[i] if j <= i else None for j in range(2 * P)] for i in range(2 * P)]
-    for ax, grid, title in [(axes[0], plain, "plain ring: rank r owns chunks 2r and 2r+1"),
-                            (axes[1], zig, "zigzag: rank r owns chunks r and 2P-1-r")]:
+    for ax, grid, title in [
+        (axes[0], plain, "plain ring: rank r owns chunks 2r and 2r+1"),
+        (axes[1], zig, "zigzag: rank r owns chunks r and 2P-1-r"),
+    ]:
         n = len(grid)
         ax.set_xlim(-0.2, n)
         ax.set_ylim(n + 1.0, -1.1)
@@ -237,29 +346,47 @@ def ring_and_zigzag() -> None:
         for i in range(n):
             for j in range(n):
                 r = grid[i][j]
-                cell(ax, j, i, EMPTY if r is None else RANK[r], "" if r is None else f"r{r}", size=7)
+                cell(
+                    ax, j, i, EMPTY if r is None else RANK[r], "" if r is None else f"r{r}", size=7
+                )
         ax.set_title(title, fontsize=9)
         ax.text(n / 2, -0.4, "key chunk", ha="center", fontsize=8)
         ax.text(-0.3, n / 2, "query chunk", rotation=90, va="center", ha="right", fontsize=8)
         work = [sum(row.count(r) for row in grid) for r in range(P)]
-        ax.text(n / 2, n + 0.05, "chunk pairs computed: " + ", ".join(f"r{r}: {w}" for r, w in enumerate(work)),
-                ha="center", va="top", fontsize=8)
+        ax.text(
+            n / 2,
+            n + 0.05,
+            "chunk pairs computed: " + ", ".join(f"r{r}: {w}" for r, w in enumerate(work)),
+            ha="center",
+            va="top",
+            fontsize=8,
+        )
     return fig
 
 
 def ring_steps() -> None:
-    """The ring, P = 4: ranks pass K/V to r + 1 (left); which rank's block each rank holds at step t (right).
+    """The ring, P = 4: ranks pass K/V to r + 1 (left); which rank's block each rank holds at step t
+    (right).
 
     Drawn narrow (about 4.6 in) with 10 pt labels, so that they stay legible on a 420 px screen.
     """
     P = 4
     fig, ax = canvas(4.6, 2.9, (-3.6, P + 0.2), (-1.3, P + 0.6))
     centre, radius = (-2.0, 1.9), 1.15
-    spots = [(centre[0] + radius * math.sin(2 * math.pi * r / P), centre[1] - radius * math.cos(2 * math.pi * r / P))
-             for r in range(P)]
+    spots = [
+        (
+            centre[0] + radius * math.sin(2 * math.pi * r / P),
+            centre[1] - radius * math.cos(2 * math.pi * r / P),
+        )
+        for r in range(P)
+    ]
     for r, (x, y) in enumerate(spots):
         nx, ny = spots[(r + 1) % P]
-        arrow(ax, (x + 0.28 * (nx - x), y + 0.28 * (ny - y)), (nx - 0.28 * (nx - x), ny - 0.28 * (ny - y)))
+        arrow(
+            ax,
+            (x + 0.28 * (nx - x), y + 0.28 * (ny - y)),
+            (nx - 0.28 * (nx - x), ny - 0.28 * (ny - y)),
+        )
         cell(ax, x - 0.32, y - 0.32, RANK[r], f"r{r}", w=0.64, h=0.64, size=10)
     ax.text(centre[0], -0.85, "send to r+1", ha="center", fontsize=10)
     for t in range(P):
@@ -282,12 +409,16 @@ def usp() -> None:
         x, y = u * 3.2, g * 2.4
         cell(ax, x, y, RANK[rank], f"rank {rank}\nseq block {g}\nheads {u}", w=2.2, h=1.5, size=8)
     for g in range(2):
-        ax.add_patch(Rectangle((-0.2, g * 2.4 - 0.2), 5.8, 1.9, fill=False, edgecolor=INK, lw=1, ls="--"))
+        ax.add_patch(
+            Rectangle((-0.2, g * 2.4 - 0.2), 5.8, 1.9, fill=False, edgecolor=INK, lw=1, ls="--")
+        )
         ax.text(-0.35, g * 2.4 + 0.75, f"Ulysses\ngroup {g}", ha="right", va="center", fontsize=8)
     for u in range(2):
         arrow(ax, (u * 3.2 + 1.1, 1.55), (u * 3.2 + 1.1, 2.35), style="<|-|>", color=INK)
         ax.text(u * 3.2 + 1.25, 1.95, f"ring {u}", va="center", fontsize=8)
-    ax.text(2.7, -0.8, "all-to-all inside a row, K/V rotate inside a column", ha="center", fontsize=8)
+    ax.text(
+        2.7, -0.8, "all-to-all inside a row, K/V rotate inside a column", ha="center", fontsize=8
+    )
     return fig
 
 
@@ -301,10 +432,20 @@ def comm_volume() -> None:
     ulysses_degrees = [p for p in degrees if h_k % p == 0]
     ulysses = [(p - 1) / p / p * (2 * h + 2 * h_k) for p in ulysses_degrees]
     gather = [2 * (p - 1) / p * h_k for p in degrees]
-    usp = [(2 - 1) / 2 / p * (2 * h + 2 * h_k) + (p // 2 - 1) / (p // 2) * 2 * h_k / 2 for p in degrees]
+    usp = [
+        (2 - 1) / 2 / p * (2 * h + 2 * h_k) + (p // 2 - 1) / (p // 2) * 2 * h_k / 2 for p in degrees
+    ]
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    ax.plot(ulysses_degrees, ulysses, "o-", color=RANK[0], label=f"Ulysses (4 all-to-alls; needs h_k % P = 0: P ≤ {h_k})")
-    ax.plot(degrees, gather, "s-", color=RANK[1], label="ring = K/V gather (K and V of the other ranks)")
+    ax.plot(
+        ulysses_degrees,
+        ulysses,
+        "o-",
+        color=RANK[0],
+        label=f"Ulysses (4 all-to-alls; needs h_k % P = 0: P ≤ {h_k})",
+    )
+    ax.plot(
+        degrees, gather, "s-", color=RANK[1], label="ring = K/V gather (K and V of the other ranks)"
+    )
     ax.plot(degrees, usp, "^-", color=RANK[2], label="USP with U = 2, R = P / 2")
     ax.set_xscale("log", base=2)
     ax.set_xticks(degrees, [str(p) for p in degrees])
@@ -330,6 +471,7 @@ FIGURES = {
     "usp.svg": usp,
     "comm_volume.svg": comm_volume,
 }
+
 
 def draw_all(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Shared pieces of the backward tests (:mod:`test_backward_reference`, :mod:`test_backward_kernels`).
+"""Shared pieces of the backward tests (:mod:`test_backward_reference`,
+:mod:`test_backward_kernels`).
 
 The expected gradients are autograd through the forward's own oracle, the dense formula
 :func:`attn_ref.dense.attention` (float64 for the reference gradient, the input dtype for
@@ -33,7 +34,9 @@ def backward_keywords(softcap=0.0, **mask_options) -> dict:
     return dict(mask=attn_ref.AttentionMask(**mask_options), softcap=softcap)
 
 
-def dense_forward(q, k, v, scale, upcast=True, causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0):
+def dense_forward(
+    q, k, v, scale, upcast=True, causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0
+):
     """:func:`attn_ref.dense.attention` in the backward's layout: ``(out [b, s_q, h, d_v],
     lse [b, h, s_q])`` (FA's LSE layout, as ``attention_backward`` takes it).
 
@@ -41,8 +44,20 @@ def dense_forward(q, k, v, scale, upcast=True, causal=False, window_size=(-1, -1
     (``upcast=False`` computes in the inputs' dtype, float64 included). One sequence at a time, as
     the oracle attends: the same bits (a matmul batched over sequences may round differently).
     """
-    states = [dense.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], scale, causal, window_size,
-                              attention_chunk, softcap, upcast=upcast) for i in range(q.shape[0])]
+    states = [
+        dense.attention(
+            q[i : i + 1],
+            k[i : i + 1],
+            v[i : i + 1],
+            scale,
+            causal,
+            window_size,
+            attention_chunk,
+            softcap,
+            upcast=upcast,
+        )
+        for i in range(q.shape[0])
+    ]
     out, lse = (torch.cat(parts) for parts in zip(*states))
     return out, lse
 
@@ -52,7 +67,9 @@ def random_problem(shape, dtype, seed):
     ``shape = (B, Sq, Sk, H, Hkv, D)``."""
     b, sq, sk, h, hkv, d = shape
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, s, n, d, generator=gen).to(dtype) for s, n in ((sq, h), (sk, hkv), (sk, hkv)))
+    q, k, v = (
+        torch.randn(b, s, n, d, generator=gen).to(dtype) for s, n in ((sq, h), (sk, hkv), (sk, hkv))
+    )
     dout = torch.randn(b, sq, h, d, generator=gen).to(dtype)
     return q, k, v, dout, torch.randn(b, h, sq, generator=gen)
 
@@ -60,7 +77,9 @@ def random_problem(shape, dtype, seed):
 def saved_forward(q, k, v, scale, **masks):
     """``(out [B, Sq, H, Dv] in q's dtype, lse [B, H, Sq] fp32)``: the reference forward's outputs,
     as a training step saves them for the backward."""
-    out, lse, *_ = attn_ref.flash_attn_with_kvcache(q, k, v, softmax_scale=scale, return_softmax_lse=True, **masks)
+    out, lse, *_ = attn_ref.flash_attn_with_kvcache(
+        q, k, v, softmax_scale=scale, return_softmax_lse=True, **masks
+    )
     return out, lse
 
 
@@ -80,11 +99,14 @@ def expected_gradients(q, k, v, dout, dlse, scale, **masks):
 
 def assert_backward_matches_float64(attention_backward, shape, dtype, seed, **masks):
     """``attention_backward`` (either implementation) from the saved forward state: gradients in the
-    input dtype, each within FA's rule of the float64 autograd gradient (``shape`` as random_problem)."""
+    input dtype, each within FA's rule of the float64 autograd gradient (``shape`` as
+    random_problem)."""
     q, k, v, dout, dlse = random_problem(shape, dtype, seed)
     scale = q.shape[-1] ** -0.5
     out, lse = saved_forward(q, k, v, scale, **masks)
-    grads = attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **backward_keywords(**masks))
+    grads = attention_backward(
+        dout, q, k, v, out, lse, scale, dlse=dlse, **backward_keywords(**masks)
+    )
     ref, lowp = expected_gradients(q, k, v, dout, dlse, scale, **masks)
     for name, grad, grad_ref, grad_lowp in zip("qkv", grads, ref, lowp):
         assert grad.dtype == dtype, name

@@ -2,8 +2,8 @@
 
 The conformance tests (``test_conformance.py``) run the suite against each and check that the
 feature in :data:`CAUGHT_BY` fails while ``values/basic`` passes. Every function takes the call's
-keyword arguments (the suite calls by keyword) and passes them on to :func:`attn_ref.flash_attn_with_kvcache`
-after the bug.
+keyword arguments (the suite calls by keyword) and passes them on to
+:func:`attn_ref.flash_attn_with_kvcache` after the bug.
 """
 
 import torch
@@ -52,7 +52,11 @@ def gqa_heads_swapped(**kw):
     The reference maps query head position p to key/value head p // g, so query head j is computed
     at position p(j) = (j % h_k) * g + j // h_k (the heads permuted in, and the results back out).
     """
-    if not isinstance(kw.get("q"), torch.Tensor) or not isinstance(kw.get("v_cache"), torch.Tensor) or "out" in kw:
+    if (
+        not isinstance(kw.get("q"), torch.Tensor)
+        or not isinstance(kw.get("v_cache"), torch.Tensor)
+        or "out" in kw
+    ):
         return reference(**kw)
     h, h_k = kw["q"].shape[-2], kw["v_cache"].shape[-2]
     g = h // h_k
@@ -103,8 +107,12 @@ def ignores_cache_batch_idx(**kw):
 
 def qv_scale_without_dv(**kw):
     """The default scale with qv counts only q's head dim."""
-    if isinstance(kw.get("q"), torch.Tensor) and kw.get("qv") is not None and kw.get("softmax_scale") is None \
-            and not kw.get("only_qv"):
+    if (
+        isinstance(kw.get("q"), torch.Tensor)
+        and kw.get("qv") is not None
+        and kw.get("softmax_scale") is None
+        and not kw.get("only_qv")
+    ):
         kw["softmax_scale"] = kw["q"].shape[-1] ** -0.5
     return reference(**kw)
 
@@ -145,7 +153,11 @@ CAUGHT_BY = {
     ignores_window: "values/window",
     ignores_sinks: "values/sinks",
     ignores_chunk: "values/chunk",
-    rotary_layout_swapped: ("values/rotary_interleaved", "values/rotary_neox", "in_place/append_rotary"),
+    rotary_layout_swapped: (
+        "values/rotary_interleaved",
+        "values/rotary_neox",
+        "in_place/append_rotary",
+    ),
     ignores_descale: "values/fp8",
     ignores_cache_batch_idx: ("values/cache_batch_idx", "in_place/append_cache_batch_idx"),
     qv_scale_without_dv: "values/qv",

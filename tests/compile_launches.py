@@ -11,7 +11,13 @@ import torch
 FP8 = torch.float8_e4m3fn
 
 #: Triton's pointer type of each tensor dtype.
-POINTER_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", FP8: "fp8e4nv", torch.int32: "i32"}
+POINTER_TYPES = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    FP8: "fp8e4nv",
+    torch.int32: "i32",
+}
 
 
 def launch_signature(launch) -> tuple[dict, dict, dict]:
@@ -37,8 +43,9 @@ def _argument_type(value, path: tuple, specialise: bool, constexprs: dict, attrs
     """The signature type of the runtime argument ``value`` at ``path``; records its divisibility in
     ``attrs`` and, for a specialised int 1, its value in ``constexprs``."""
     if isinstance(value, tuple):
-        types = [_argument_type(x, (*path, i), True, constexprs, attrs)
-                 for i, x in enumerate(value)]
+        types = [
+            _argument_type(x, (*path, i), True, constexprs, attrs) for i, x in enumerate(value)
+        ]
         return type(value)(*types) if hasattr(value, "_fields") else tuple(types)
     if isinstance(value, torch.Tensor):
         if value.data_ptr() % 16 == 0:

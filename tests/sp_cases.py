@@ -64,13 +64,15 @@ def _attention(q, k, v, causal):
 
 
 def _attention_lowp(q, k, v, causal):
-    """The same attention computed in q's dtype (FA's ``upcast=False`` oracle), for the tolerance."""
+    """The same attention computed in q's dtype (FA's ``upcast=False`` oracle), for the
+    tolerance."""
     scale = q.shape[-1] ** -0.5
     return dense_forward(q, k, v, scale, upcast=False, causal=causal)[0]
 
 
 def _full_inputs(case: Case) -> dict[str, torch.Tensor]:
-    """The whole sequence (``q k v [B, SEQ, H|Hkv, D]``) and the replicated tokens (``N_REP`` rows)."""
+    """The whole sequence (``q k v [B, SEQ, H|Hkv, D]``) and the replicated tokens (``N_REP``
+    rows)."""
     gen = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))  # the same on every rank
     h, hkv = case.heads
     dtype = getattr(torch, case.dtype)
@@ -78,8 +80,14 @@ def _full_inputs(case: Case) -> dict[str, torch.Tensor]:
     def rand(rows, heads):
         return torch.randn(BATCH, rows, heads, HEAD_DIM, generator=gen).to(dtype)
 
-    return dict(q=rand(SEQ, h), k=rand(SEQ, hkv), v=rand(SEQ, hkv),
-                rq=rand(N_REP, h), rk=rand(N_REP, hkv), rv=rand(N_REP, hkv))
+    return dict(
+        q=rand(SEQ, h),
+        k=rand(SEQ, hkv),
+        v=rand(SEQ, hkv),
+        rq=rand(N_REP, h),
+        rk=rand(N_REP, hkv),
+        rv=rand(N_REP, hkv),
+    )
 
 
 def _global_sequence(case: Case, x: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -94,7 +102,8 @@ def _global_sequence(case: Case, x: dict) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 def _varlen_lens(world: int) -> list[int]:
-    """Unequal local lengths summing to SEQ: the first rank holds 3 more tokens, the second 3 fewer."""
+    """Unequal local lengths summing to SEQ: the first rank holds 3 more tokens, the second 3
+    fewer."""
     lens = [SEQ // world] * world
     lens[0] += 3
     lens[1] -= 3
@@ -105,6 +114,8 @@ def _my_positions(case: Case, groups: sp.SequenceParallelGroups) -> torch.Tensor
     """Global positions of this rank's sharded tokens."""
     if case.varlen:
         lens = _varlen_lens(groups.sp_size)
-        start = sum(lens[:groups.sp_rank])
+        start = sum(lens[: groups.sp_rank])
         return torch.arange(start, start + lens[groups.sp_rank])
-    return sp.shard_positions(SEQ, groups.sp_rank, case.ulysses_degree, case.ring_degree, case.zigzag)
+    return sp.shard_positions(
+        SEQ, groups.sp_rank, case.ulysses_degree, case.ring_degree, case.zigzag
+    )

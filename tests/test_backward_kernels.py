@@ -1,4 +1,5 @@
-"""The Triton attention backward (:func:`kernels.backward.attention_backward`), under the interpreter on CPU.
+"""The Triton attention backward (:func:`kernels.backward.attention_backward`), under the
+interpreter on CPU.
 
 * fp16/bf16/fp32, causal (bottom-right) and full, GQA, ``Sq != Sk``, head dims 16..256, with and
   without an LSE gradient: the gradients match float64 autograd of dense attention by
@@ -29,8 +30,13 @@ import torch
 import attn_ref
 from attn_ref import sequence_parallel as sp
 from attn_ref.masks import CAUSAL
-from backward_cases import (MASKS, assert_backward_matches_float64, backward_keywords, random_problem,
-                            saved_forward)
+from backward_cases import (
+    MASKS,
+    assert_backward_matches_float64,
+    backward_keywords,
+    random_problem,
+    saved_forward,
+)
 
 kernels_backward = pytest.importorskip("kernels.backward")
 
@@ -45,34 +51,51 @@ SHAPES = [  # (B, Sq, Sk, H, Hkv, D)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_kernel_matches_float64_autograd(shape, dtype, causal):
-    assert_backward_matches_float64(kernels_backward.attention_backward, shape, dtype, sum(shape) + causal,
-                                    causal=causal)
+    assert_backward_matches_float64(
+        kernels_backward.attention_backward, shape, dtype, sum(shape) + causal, causal=causal
+    )
 
 
-@pytest.mark.parametrize("masks", [m for name, m in MASKS.items() if name not in ("full", "causal")],
-                         ids=[name for name in MASKS if name not in ("full", "causal")])
+@pytest.mark.parametrize(
+    "masks",
+    [m for name, m in MASKS.items() if name not in ("full", "causal")],
+    ids=[name for name in MASKS if name not in ("full", "causal")],
+)
 def test_kernel_masks_match_float64_autograd(masks):
     """fp16 (bf16 is unreliable in the interpreter); 2 query blocks x 3 key blocks of 64."""
-    assert_backward_matches_float64(kernels_backward.attention_backward, (1, 96, 192, 2, 1, 32), torch.float16,
-                                    len(masks), **masks)
+    assert_backward_matches_float64(
+        kernels_backward.attention_backward,
+        (1, 96, 192, 2, 1, 32),
+        torch.float16,
+        len(masks),
+        **masks,
+    )
 
 
 #: Masks under which rows of ``Sq > Sk`` see no key, and a softcapped window.
-EMPTY_ROW_MASKS = {"full": {}, "causal": dict(causal=True), "window": dict(window_size=(4, 2)),
-                   "chunk-softcap": dict(attention_chunk=6, softcap=2.0)}
+EMPTY_ROW_MASKS = {
+    "full": {},
+    "causal": dict(causal=True),
+    "window": dict(window_size=(4, 2)),
+    "chunk-softcap": dict(attention_chunk=6, softcap=2.0),
+}
 
 
 @pytest.mark.parametrize("with_dlse", [False, True], ids=["no-dlse", "dlse"])
 @pytest.mark.parametrize("masks", EMPTY_ROW_MASKS.values(), ids=EMPTY_ROW_MASKS.keys())
 def test_kernel_equals_reference_fp32(masks, with_dlse):
-    """Sq > Sk: with causal or the window the first rows see no key; inputs are non-contiguous views."""
+    """Sq > Sk: with causal or the window the first rows see no key; inputs are non-contiguous
+    views."""
     q, k, v, dout, dlse = random_problem((2, 45, 20, 4, 2, 24), torch.float32, 3 + len(masks))
-    q, dout = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, dout))  # [B, S, H, D] views
+    # [B, S, H, D] views
+    q, dout = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, dout))
     scale = 0.2
     out, lse = saved_forward(q, k, v, scale, **masks)
     dlse = dlse if with_dlse else None
     keywords = backward_keywords(**masks)
-    grads = kernels_backward.attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **keywords)
+    grads = kernels_backward.attention_backward(
+        dout, q, k, v, out, lse, scale, dlse=dlse, **keywords
+    )
     expected = attn_ref.attention_backward(dout, q, k, v, out, lse, scale, dlse=dlse, **keywords)
     for grad, grad_ref in zip(grads, expected):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-5)
@@ -84,12 +107,15 @@ def test_kernel_equals_reference_fp32(masks, with_dlse):
 def test_kernel_grad_dtype():
     q, k, v, dout, _ = random_problem((1, 8, 8, 2, 2, 16), torch.float16, 0)
     out, lse = saved_forward(q, k, v, 0.25)
-    grads = kernels_backward.attention_backward(dout, q, k, v, out, lse, 0.25, grad_dtype=torch.float32)
+    grads = kernels_backward.attention_backward(
+        dout, q, k, v, out, lse, 0.25, grad_dtype=torch.float32
+    )
     assert [g.dtype for g in grads] == [torch.float32] * 3
 
 
 def test_kernel_sequence_parallel_gradients_equal_the_reference():
-    """One rank: USPAttention (local attention) and ring_attention (a ring of one) on both backends."""
+    """One rank: USPAttention (local attention) and ring_attention (a ring of one) on both
+    backends."""
     ksp = pytest.importorskip("kernels.sequence_parallel")
     q, k, v, dout, _ = random_problem((1, 16, 16, 4, 2, 16), torch.float32, 11)
     grads = {}
@@ -103,8 +129,8 @@ def test_kernel_sequence_parallel_gradients_equal_the_reference():
         torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-5)
 
 
-#: (dtype, head dim, softcap, GQA, with dlse): every constexpr branch of the three kernels (the masks
-#: are runtime values).
+#: (dtype, head dim, softcap, GQA, with dlse): every constexpr branch of the three kernels (the
+#: masks are runtime values).
 COMPILE_VARIANTS = [
     (torch.float16, 128, False, True, True),
     (torch.bfloat16, 256, False, True, False),
@@ -114,7 +140,8 @@ COMPILE_VARIANTS = [
 
 
 def _compile_launches(dtype, d, softcap, gqa, with_dlse):
-    """The launches of one backward call (``B=2, Sq=128, Sk=192, H=8``), planned as the launcher does."""
+    """The launches of one backward call (``B=2, Sq=128, Sk=192, H=8``), planned as the launcher
+    does."""
     from kernels.backward import plan_dkdv, plan_dq, plan_preprocess
 
     b, sq, sk, h = 2, 128, 192, 8
@@ -125,10 +152,31 @@ def _compile_launches(dtype, d, softcap, gqa, with_dlse):
     dlse = torch.empty(b, h, sq).transpose(1, 2) if with_dlse else None  # as the launcher's, a view
     return [
         plan_preprocess(out, out, dlse, stats),
-        plan_dkdv(q, k, v, out, stats, stats, torch.empty(k.shape), torch.empty(v.shape), 0.1,
-                  CAUSAL, softcap=30.0 if softcap else 0.0),
-        plan_dq(q, k, v, out, stats, stats, torch.empty(q.shape), 0.1, CAUSAL,
-                softcap=30.0 if softcap else 0.0),
+        plan_dkdv(
+            q,
+            k,
+            v,
+            out,
+            stats,
+            stats,
+            torch.empty(k.shape),
+            torch.empty(v.shape),
+            0.1,
+            CAUSAL,
+            softcap=30.0 if softcap else 0.0,
+        ),
+        plan_dq(
+            q,
+            k,
+            v,
+            out,
+            stats,
+            stats,
+            torch.empty(q.shape),
+            0.1,
+            CAUSAL,
+            softcap=30.0 if softcap else 0.0,
+        ),
     ]
 
 
@@ -146,9 +194,14 @@ def compile_all(arch: int) -> dict[str, str]:
             label = f"{variant}/{launch.kernel.__name__}"
             signature, constexprs, attrs = launch_signature(launch)
             try:
-                source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-                compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                                          options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+                source = ASTSource(
+                    fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs
+                )
+                compiled = triton.compile(
+                    source,
+                    target=GPUTarget("cuda", arch, 32),
+                    options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages),
+                )
                 results[label] = "ok" if compiled.asm.get("cubin") else "no cubin produced"
             except Exception as error:  # reported per variant by the test below
                 results[label] = f"{type(error).__name__}: {error}"[:2000]
@@ -159,8 +212,12 @@ def compile_all(arch: int) -> dict[str, str]:
 def test_backward_kernels_compile(arch):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     tests_dir = Path(__file__).parent
-    env["PYTHONPATH"] = os.pathsep.join([str(tests_dir), str(tests_dir.parent), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, __file__, str(arch)], env=env, capture_output=True, text=True, timeout=500)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(tests_dir), str(tests_dir.parent), env.get("PYTHONPATH", "")]
+    )
+    done = subprocess.run(
+        [sys.executable, __file__, str(arch)], env=env, capture_output=True, text=True, timeout=500
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     failed = {label: error for label, error in results.items() if error != "ok"}

@@ -58,11 +58,13 @@ FACTORS = {
 
 
 def valid(case: dict) -> bool:
-    """FA3's skips: rotary needs new k/v, ``cache_seqlens // 2`` only with rotary, chunks only with a
-    causal or local mask (the page sizes all divide the chosen ``seqlen_k``)."""
-    return ((case["rotary_fraction"] == 0 or case["new_kv"])
-            and (case["rotary_fraction"] > 0 or not case["rotary_seqlens_half"])
-            and (case["mask"] != "none" or not case["chunk"]))
+    """FA3's skips: rotary needs new k/v, ``cache_seqlens // 2`` only with rotary, chunks only with
+    a causal or local mask (the page sizes all divide the chosen ``seqlen_k``)."""
+    return (
+        (case["rotary_fraction"] == 0 or case["new_kv"])
+        and (case["rotary_fraction"] > 0 or not case["rotary_seqlens_half"])
+        and (case["mask"] != "none" or not case["chunk"])
+    )
 
 
 def covering_cases(factors: dict, seed: int = 0, candidates: int = 40) -> list[dict]:
@@ -80,7 +82,9 @@ def covering_cases(factors: dict, seed: int = 0, candidates: int = 40) -> list[d
         return None
 
     def pairs(case):
-        return {((a, repr(case[a])), (b, repr(case[b]))) for a, b in itertools.combinations(names, 2)}
+        return {
+            ((a, repr(case[a])), (b, repr(case[b]))) for a, b in itertools.combinations(names, 2)
+        }
 
     uncovered = set()
     for a, b in itertools.combinations(names, 2):
@@ -116,15 +120,23 @@ def fa3_style_call(case: dict, seed: int) -> tuple[dict, int]:
     seqlen_new = seqlen_q if case["new_eq_q"] else int(randint(1, seqlen_q + 1, 1))
 
     seqlens_q = randint(1, seqlen_q + 1, b).tolist() if case["varlen_q"] else [seqlen_q] * b
-    seqlens_new = (seqlens_q if case["new_eq_q"] else randint(1, seqlen_new + 1, b).tolist()) \
-        if case["varlen_q"] else [seqlen_new] * b
-    hi = seqlen_k - (seqlen_q if (causal or local) and rotary_dim else seqlen_new) + 1 if new_kv else seqlen_k + 1
+    seqlens_new = (
+        (seqlens_q if case["new_eq_q"] else randint(1, seqlen_new + 1, b).tolist())
+        if case["varlen_q"]
+        else [seqlen_new] * b
+    )
+    hi = (
+        seqlen_k - (seqlen_q if (causal or local) and rotary_dim else seqlen_new) + 1
+        if new_kv
+        else seqlen_k + 1
+    )
     cache_seqlens = randint(0 if new_kv else 1, hi, b).to(I32)
     args = dict(cache_seqlens=cache_seqlens, causal=causal)
     args["rotary_seqlens"] = cache_seqlens // 2 if case["rotary_seqlens_half"] else cache_seqlens
     if case["leftpad"]:
         args["cache_leftpad"] = torch.tensor(
-            [int(randint(0, c, 1)) if c > 0 else 0 for c in cache_seqlens.tolist()], dtype=I32)
+            [int(randint(0, c, 1)) if c > 0 else 0 for c in cache_seqlens.tolist()], dtype=I32
+        )
     if local:
         args["window_size"] = torch.randint(0, seqlen_k, (2,), generator=gen)
     if case["chunk"]:
@@ -151,10 +163,18 @@ def fa3_style_call(case: dict, seed: int) -> tuple[dict, int]:
     args["k_cache"], args["v_cache"] = randn(*rows, h_k, HEAD_DIM), randn(*rows, h_k, HEAD_DIM)
     if new_kv:
         if case["varlen_q"]:
-            args["k"], args["v"] = randn(sum(seqlens_new), h_k, HEAD_DIM), randn(sum(seqlens_new), h_k, HEAD_DIM)
-            args["cu_seqlens_k_new"] = torch.tensor([0, *itertools.accumulate(seqlens_new)], dtype=I32)
+            args["k"], args["v"] = (
+                randn(sum(seqlens_new), h_k, HEAD_DIM),
+                randn(sum(seqlens_new), h_k, HEAD_DIM),
+            )
+            args["cu_seqlens_k_new"] = torch.tensor(
+                [0, *itertools.accumulate(seqlens_new)], dtype=I32
+            )
         else:
-            args["k"], args["v"] = randn(b, seqlen_new, h_k, HEAD_DIM), randn(b, seqlen_new, h_k, HEAD_DIM)
+            args["k"], args["v"] = (
+                randn(b, seqlen_new, h_k, HEAD_DIM),
+                randn(b, seqlen_new, h_k, HEAD_DIM),
+            )
     if rotary_dim:
         angles = torch.rand(table_rows, rotary_dim // 2, generator=gen) * 2 * math.pi
         args["rotary_cos"], args["rotary_sin"] = angles.cos().to(low), angles.sin().to(low)
@@ -166,16 +186,26 @@ CASES = covering_cases(FACTORS)
 
 
 def case_id(i: int, case: dict) -> str:
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}[case["dtype"]]
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8"}[
+        case["dtype"]
+    ]
     sq, sk = case["seqlens"]
-    return (f"{i}-{dtype}-{case['mha_type']}-{sq}x{sk}-{case['mask']}{'+chunk' if case['chunk'] else ''}"
-            f"-new{int(case['new_kv'])}-ro{case['rotary_fraction']}-P{case['page_size']}-splits{case['num_splits']}")
+    chunk = "+chunk" if case["chunk"] else ""
+    return (
+        f"{i}-{dtype}-{case['mha_type']}-{sq}x{sk}-{case['mask']}{chunk}"
+        f"-new{int(case['new_kv'])}-ro{case['rotary_fraction']}-P{case['page_size']}"
+        f"-splits{case['num_splits']}"
+    )
 
 
 def test_covering_array_covers_every_pair():
     # Every feasible pair of levels appears in some case, and every case is a call FA3 runs.
     names = list(FACTORS)
-    seen = {((a, repr(c[a])), (b, repr(c[b]))) for c in CASES for a, b in itertools.combinations(names, 2)}
+    seen = {
+        ((a, repr(c[a])), (b, repr(c[b])))
+        for c in CASES
+        for a, b in itertools.combinations(names, 2)
+    }
     for a, b in itertools.combinations(names, 2):
         for la, lb in itertools.product(FACTORS[a], FACTORS[b]):
             feasible = any(valid({**c, a: la, b: lb}) for c in CASES)
@@ -187,7 +217,9 @@ IMPLEMENTATIONS = {"attn_ref": attn_ref.flash_attn_with_kvcache, "kernels": run_
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS.values(), ids=IMPLEMENTATIONS.keys())
-@pytest.mark.parametrize("index, case", list(enumerate(CASES)), ids=[case_id(i, c) for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "index, case", list(enumerate(CASES)), ids=[case_id(i, c) for i, c in enumerate(CASES)]
+)
 def test_fa3_kvcache_grid(impl, index, case):
     args, num_splits = fa3_style_call(case, seed=index)
     assert_matches_oracle(impl, args, num_splits=num_splits)
@@ -204,37 +236,85 @@ def _drop(args, *names):
 
 def _varlen_new(args):
     """The base call with its new k/v packed (cu_seqlens_k_new)."""
-    return dict(args, k=args["k"].flatten(0, 1), v=args["v"].flatten(0, 1),
-                cu_seqlens_k_new=torch.tensor([0, 2, 4], dtype=I32))
+    return dict(
+        args,
+        k=args["k"].flatten(0, 1),
+        v=args["v"].flatten(0, 1),
+        cu_seqlens_k_new=torch.tensor([0, 2, 4], dtype=I32),
+    )
 
 
 EQUIVALENT = {
     # FA3 reads these only together with something that is not given
-    "rotary_seqlens_without_tables": (lambda a: dict(a, rotary_seqlens=torch.tensor([7, 0], dtype=I32)), lambda a: a),
-    "rotary_seqlens_is_cache_seqlens": (lambda a: dict(rotary(a), rotary_seqlens=a["cache_seqlens"]), rotary),
+    "rotary_seqlens_without_tables": (
+        lambda a: dict(a, rotary_seqlens=torch.tensor([7, 0], dtype=I32)),
+        lambda a: a,
+    ),
+    "rotary_seqlens_is_cache_seqlens": (
+        lambda a: dict(rotary(a), rotary_seqlens=a["cache_seqlens"]),
+        rotary,
+    ),
     "rotary_sin_without_cos": (lambda a: dict(a, rotary_sin=torch.zeros(16, 8)), lambda a: a),
     "v_without_k": (lambda a: _drop(a, "k"), lambda a: _drop(a, "k", "v")),
-    "cu_seqlens_k_new_without_k": (lambda a: dict(_drop(a, "k", "v"), cu_seqlens_k_new=torch.tensor([0, 1, 2], dtype=I32)),
-                                   lambda a: _drop(a, "k", "v")),
-    "descales_without_fp8": (lambda a: dict(a, q_descale=torch.full((2, 2), 3.0), k_descale=torch.ones(7)), lambda a: a),
-    "longer_cache_batch_idx": (lambda a: dict(a, cache_batch_idx=torch.tensor([1, 0, 1, 1], dtype=I32),
-                                              k_cache=a["k_cache"].flip(0), v_cache=a["v_cache"].flip(0)),
-                               lambda a: dict(a, cache_batch_idx=torch.tensor([1, 0], dtype=I32),
-                                              k_cache=a["k_cache"].flip(0), v_cache=a["v_cache"].flip(0))),
+    "cu_seqlens_k_new_without_k": (
+        lambda a: dict(_drop(a, "k", "v"), cu_seqlens_k_new=torch.tensor([0, 1, 2], dtype=I32)),
+        lambda a: _drop(a, "k", "v"),
+    ),
+    "descales_without_fp8": (
+        lambda a: dict(a, q_descale=torch.full((2, 2), 3.0), k_descale=torch.ones(7)),
+        lambda a: a,
+    ),
+    "longer_cache_batch_idx": (
+        lambda a: dict(
+            a,
+            cache_batch_idx=torch.tensor([1, 0, 1, 1], dtype=I32),
+            k_cache=a["k_cache"].flip(0),
+            v_cache=a["v_cache"].flip(0),
+        ),
+        lambda a: dict(
+            a,
+            cache_batch_idx=torch.tensor([1, 0], dtype=I32),
+            k_cache=a["k_cache"].flip(0),
+            v_cache=a["v_cache"].flip(0),
+        ),
+    ),
     # window_size: FA3 indexes [0] and [1]; a negative side is unbounded, and so is a side at least
     # as long as the static lengths
     "window_list": (lambda a: dict(a, window_size=[2, 0]), lambda a: dict(a, window_size=(2, 0))),
-    "window_tensor": (lambda a: dict(a, window_size=torch.tensor([2, 0])), lambda a: dict(a, window_size=(2, 0))),
-    "window_three_entries": (lambda a: dict(a, window_size=(2, 0, 5)), lambda a: dict(a, window_size=(2, 0))),
-    "window_below_minus_one": (lambda a: dict(a, window_size=(-2, -7)), lambda a: dict(a, window_size=(-1, -1))),
-    "window_huge": (lambda a: dict(a, window_size=(2**62, 2**62)), lambda a: dict(a, window_size=(-1, -1))),
-    "window_right_huge_causal": (lambda a: dict(a, window_size=(1, 2**40), causal=True),
-                                 lambda a: dict(a, window_size=(1, 0), causal=True)),
+    "window_tensor": (
+        lambda a: dict(a, window_size=torch.tensor([2, 0])),
+        lambda a: dict(a, window_size=(2, 0)),
+    ),
+    "window_three_entries": (
+        lambda a: dict(a, window_size=(2, 0, 5)),
+        lambda a: dict(a, window_size=(2, 0)),
+    ),
+    "window_below_minus_one": (
+        lambda a: dict(a, window_size=(-2, -7)),
+        lambda a: dict(a, window_size=(-1, -1)),
+    ),
+    "window_huge": (
+        lambda a: dict(a, window_size=(2**62, 2**62)),
+        lambda a: dict(a, window_size=(-1, -1)),
+    ),
+    "window_right_huge_causal": (
+        lambda a: dict(a, window_size=(1, 2**40), causal=True),
+        lambda a: dict(a, window_size=(1, 0), causal=True),
+    ),
     # attention_chunk: sglang's int(); <= 0 is off; a chunk beyond every length is one chunk
-    "chunk_negative": (lambda a: dict(a, attention_chunk=-4), lambda a: dict(a, attention_chunk=None)),
+    "chunk_negative": (
+        lambda a: dict(a, attention_chunk=-4),
+        lambda a: dict(a, attention_chunk=None),
+    ),
     "chunk_float": (lambda a: dict(a, attention_chunk=3.7), lambda a: dict(a, attention_chunk=3)),
-    "chunk_tensor": (lambda a: dict(a, attention_chunk=torch.tensor(3)), lambda a: dict(a, attention_chunk=3)),
-    "chunk_huge": (lambda a: dict(a, attention_chunk=2**62, causal=True), lambda a: dict(a, attention_chunk=64, causal=True)),
+    "chunk_tensor": (
+        lambda a: dict(a, attention_chunk=torch.tensor(3)),
+        lambda a: dict(a, attention_chunk=3),
+    ),
+    "chunk_huge": (
+        lambda a: dict(a, attention_chunk=2**62, causal=True),
+        lambda a: dict(a, attention_chunk=64, causal=True),
+    ),
     # softcap: FA3's softcap > 0 test; the value is used in float32
     "softcap_negative": (lambda a: dict(a, softcap=-1.0), lambda a: dict(a, softcap=0.0)),
     "softcap_nan": (lambda a: dict(a, softcap=float("nan")), lambda a: dict(a, softcap=0.0)),
@@ -242,8 +322,10 @@ EQUIVALENT = {
     # plain Python / numpy numbers where FA3 takes them
     "softmax_scale_int": (lambda a: dict(a, softmax_scale=1), lambda a: dict(a, softmax_scale=1.0)),
     "num_splits_negative": (lambda a: dict(a, num_splits=-3), lambda a: dict(a, num_splits=0)),
-    "flags_as_numpy_int_and_tensor": (lambda a: dict(a, causal=np.bool_(True), rotary_interleaved=torch.tensor(1)),
-                                      lambda a: dict(a, causal=True)),
+    "flags_as_numpy_int_and_tensor": (
+        lambda a: dict(a, causal=np.bool_(True), rotary_interleaved=torch.tensor(1)),
+        lambda a: dict(a, causal=True),
+    ),
     "only_qv_none": (lambda a: dict(a, only_qv=None), lambda a: a),  # sglang tests only its truth
     # the same new tokens, packed
     "packed_new_kv": (_varlen_new, lambda a: a),

@@ -14,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
 #: A backticked repository path: a folder and a file name with an extension.
-PATH = re.compile(r"`((?:attn_ref|kernels|tests|docs|errors|scripts|benchmarks|docs_hooks|tutorials_src)/[\w./-]+\.\w+)`")
+PATH = re.compile(
+    r"`((?:attn_ref|kernels|tests|docs|errors|scripts|benchmarks|docs_hooks|tutorials_src)/[\w./-]+\.\w+)`"
+)
 
 
 def recipe(title: str) -> str:
@@ -22,7 +24,10 @@ def recipe(title: str) -> str:
     return re.search(r"^### " + re.escape(title) + r".*?\n(.*?)(?=^#)", TEXT, re.M | re.S).group(1)
 
 
-RECIPES = {"mask or argument": recipe("Add a mask or an argument"), "kernel": recipe("A new kernel")}
+RECIPES = {
+    "mask or argument": recipe("Add a mask or an argument"),
+    "kernel": recipe("A new kernel"),
+}
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -40,5 +45,10 @@ def test_every_file_the_page_names_exists():
 
 def test_the_mask_and_argument_recipe_includes_the_backward():
     paths = set(PATH.findall(RECIPES["mask or argument"]))
-    assert {"attn_ref/backward.py", "kernels/backward.py", "tests/backward_cases.py",
-            "tests/test_backward_reference.py", "tests/test_backward_kernels.py"} <= paths
+    assert {
+        "attn_ref/backward.py",
+        "kernels/backward.py",
+        "tests/backward_cases.py",
+        "tests/test_backward_reference.py",
+        "tests/test_backward_kernels.py",
+    } <= paths

@@ -29,12 +29,15 @@ def visible_by_definition(sq, sk, causal, window_size, attention_chunk):
     rows = []
     for i in range(sq):
         pos = i + sk - sq
-        rows.append([
-            (left < 0 or j - pos >= -left) and (right < 0 or j - pos <= right)
-            and (not causal or j <= pos)
-            and (attention_chunk <= 0 or j // attention_chunk == pos // attention_chunk)
-            for j in range(sk)
-        ])
+        rows.append(
+            [
+                (left < 0 or j - pos >= -left)
+                and (right < 0 or j - pos <= right)
+                and (not causal or j <= pos)
+                and (attention_chunk <= 0 or j // attention_chunk == pos // attention_chunk)
+                for j in range(sk)
+            ]
+        )
     return torch.tensor(rows, dtype=torch.bool).view(sq, sk)
 
 
@@ -46,8 +49,13 @@ def test_visible_is_the_definition():
         window = (rng.choice([-1, 0, 1, 2, 5]), rng.choice([-1, 0, 1, 3]))
         chunk = rng.choice([0, 0, 1, 2, 3, 4])
         expected = visible_by_definition(sq, sk, causal, window, chunk)
-        assert torch.equal(dense.visible(sq, sk, causal, window, chunk), expected), \
-            (sq, sk, causal, window, chunk)
+        assert torch.equal(dense.visible(sq, sk, causal, window, chunk), expected), (
+            sq,
+            sk,
+            causal,
+            window,
+            chunk,
+        )
 
 
 #: The keywords of :class:`attn_ref.AttentionMask`, which the tiled reference takes as one object.
@@ -57,9 +65,12 @@ MASK_OPTIONS = ("causal", "window_size", "attention_chunk")
 def tiled(q, k, v, qv=None, only_qv=False, **options):
     """:func:`attn_ref.attention.attention_with_lse` in :func:`attn_ref.dense.attention`'s layout,
     for a batch of one sequence: ``(out (1, s_q, h, d_v), lse (1, h, s_q))``."""
-    mask = attn_ref.AttentionMask(**{key: options.pop(key) for key in MASK_OPTIONS if key in options})
+    mask = attn_ref.AttentionMask(
+        **{key: options.pop(key) for key in MASK_OPTIONS if key in options}
+    )
     out, lse = attn_ref.attention.attention_with_lse(
-        q[0], k[0], v[0], mask=mask, qv=None if qv is None else qv[0], only_qv=only_qv, **options)
+        q[0], k[0], v[0], mask=mask, qv=None if qv is None else qv[0], only_qv=only_qv, **options
+    )
     return out[None], lse.T[None]  # lse: (s_q, h) -> (1, h, s_q)
 
 
@@ -82,8 +93,9 @@ def assert_tiled_is_dense(q, k, v, softmax_scale=0.3, only_qv=False, **options):
     (``only_qv``: the dense formula's ``q`` is None)."""
     out, lse = tiled(q, k, v, softmax_scale=softmax_scale, only_qv=only_qv, **options)
     as64 = {key: x.double() if isinstance(x, torch.Tensor) else x for key, x in options.items()}
-    ref_out, ref_lse = dense.attention(None if only_qv else q.double(), k.double(), v.double(),
-                                       softmax_scale, **as64)
+    ref_out, ref_lse = dense.attention(
+        None if only_qv else q.double(), k.double(), v.double(), softmax_scale, **as64
+    )
     assert ref_out.dtype == ref_lse.dtype == torch.float64
     torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=2e-6)
     torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=2e-6)
@@ -138,15 +150,20 @@ def test_tiled_reference_is_the_dense_formula_with_every_feature(feature, masks,
     assert_tiled_is_dense(q, k, v, **inputs, **options, **masks)
 
 
-TILE_MASKS = {"none": {}, "causal-window": dict(causal=True, window_size=(9, 3)),
-              "chunk": dict(attention_chunk=16)}
+TILE_MASKS = {
+    "none": {},
+    "causal-window": dict(causal=True, window_size=(9, 3)),
+    "chunk": dict(attention_chunk=16),
+}
 
 
-@pytest.mark.parametrize("rows_per_tile, max_score_elements",
-                         [(64, 1 << 26), (4, 1 << 26), (64, 50), (3, 1)])
+@pytest.mark.parametrize(
+    "rows_per_tile, max_score_elements", [(64, 1 << 26), (4, 1 << 26), (64, 50), (3, 1)]
+)
 @pytest.mark.parametrize("masks", TILE_MASKS.values(), ids=TILE_MASKS.keys())
-def test_tiled_reference_is_the_dense_formula_across_tile_edges(monkeypatch, rows_per_tile,
-                                                                max_score_elements, masks):
+def test_tiled_reference_is_the_dense_formula_across_tile_edges(
+    monkeypatch, rows_per_tile, max_score_elements, masks
+):
     monkeypatch.setattr(attn_ref.attention, "ROWS_PER_TILE", rows_per_tile)
     monkeypatch.setattr(attn_ref.attention, "MAX_SCORE_ELEMENTS", max_score_elements)
     q, k, v, inputs = problem(70, 83, sinks=True, seed=2)  # 70 rows: more than one tile of 64
@@ -166,8 +183,12 @@ def test_a_row_that_sees_nothing_gives_zero_and_minus_infinity_or_the_sink():
 
 def test_compute_dtype_is_at_least_fp32():
     q, k, v, _ = problem(3, 5)
-    for dtype, compute in [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
-                           (torch.float32, torch.float32), (torch.float64, torch.float64)]:
+    for dtype, compute in [
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float32),
+        (torch.float64, torch.float64),
+    ]:
         out, lse = dense.attention(q.to(dtype), k.to(dtype), v.to(dtype))
         assert out.dtype == lse.dtype == compute, dtype
         out, lse = dense.attention(q.to(dtype), k.to(dtype), v.to(dtype), upcast=False)
@@ -186,8 +207,12 @@ def test_autograd_differentiates_the_dense_formula(options):
     options = dict(options)
     gen = torch.Generator().manual_seed(3)
     b, sq, sk, h, h_k, d, dv = 2, 4, 6, 4, 2, 3, 2
-    leaves = [torch.randn(b, sq, h, d, generator=gen), torch.randn(b, sk, h_k, d, generator=gen),
-              torch.randn(b, sk, h_k, dv, generator=gen), torch.randn(h, generator=gen)]
+    leaves = [
+        torch.randn(b, sq, h, d, generator=gen),
+        torch.randn(b, sk, h_k, d, generator=gen),
+        torch.randn(b, sk, h_k, dv, generator=gen),
+        torch.randn(h, generator=gen),
+    ]
     if options.pop("qv", False):
         leaves.append(torch.randn(b, sq, h, dv, generator=gen))
     leaves = [x.double().requires_grad_() for x in leaves]

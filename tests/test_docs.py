@@ -15,9 +15,9 @@ import importlib
 import importlib.util
 import inspect
 import json
-import re
 import os
 import posixpath
+import re
 import subprocess
 import sys
 import textwrap
@@ -31,24 +31,37 @@ from mkdocs.exceptions import PluginError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from docs_hooks.error_pages import entry_json  # noqa: E402
-from docs_hooks.source_includes import DIRECTIVE, definition_lines, include_lines  # noqa: E402
-from errors import catalog as cat  # noqa: E402
-from errors import upstream  # noqa: E402
+from docs_hooks.source_includes import definition_lines  # noqa: E402
+from errors import catalog as cat, upstream  # noqa: E402
 
-#: The path of the published site (``site_url``'s path): pages refer to their assets through it (404.html).
+#: The path of the published site (``site_url``'s path): pages refer to their assets through it
+#: (404.html).
 SITE_PATH = "attn-ref"
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """The built site, in a folder named as the path of ``site_url`` (``attn-ref``), as it is published."""
+    """The built site, in a folder named as the path of ``site_url`` (``attn-ref``), as it is
+    published."""
     site_dir = tmp_path_factory.mktemp("site") / SITE_PATH
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
-        cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stderr[-6000:]}"
     return site_dir
@@ -60,8 +73,14 @@ def catalog() -> dict:
 
 
 def test_strict_build_has_every_nav_page(site):
-    for page in ["index.html", "concepts/masks/index.html", "concepts/sequence-parallel/index.html",
-                 "side-by-side/index.html", "reference/attn_ref/index.html", "errors/index.html"]:
+    for page in [
+        "index.html",
+        "concepts/masks/index.html",
+        "concepts/sequence-parallel/index.html",
+        "side-by-side/index.html",
+        "reference/attn_ref/index.html",
+        "errors/index.html",
+    ]:
         assert (site / page).is_file(), page
     for notebook in (ROOT / "docs" / "tutorials").glob("*.ipynb"):
         assert (site / "tutorials" / notebook.stem / "index.html").is_file(), notebook.name
@@ -75,7 +94,9 @@ def test_benchmarks_page_shows_every_committed_result(site):
     if devices:
         text = page.read_text(encoding="utf-8")
         for plot in results.glob("*.png"):
-            assert f'src="{plot.name}"' in text and (site / "benchmarks" / plot.name).is_file(), plot.name
+            assert f'src="{plot.name}"' in text and (site / "benchmarks" / plot.name).is_file(), (
+                plot.name
+            )
         # A device without results is said to have none, plainly.
         assert ("No GPU figures yet" in text) == (not (results / "cuda.json").is_file())
         assert ("No CPU figures yet" in text) == (not (results / "cpu.json").is_file())
@@ -85,21 +106,30 @@ def test_tutorial_pages_link_their_notebook_and_source_and_state_the_run_time(si
     for notebook in sorted((ROOT / "docs" / "tutorials").glob("*.ipynb")):
         folder = site / "tutorials" / notebook.stem
         text = (folder / "index.html").read_text(encoding="utf-8")
-        seconds = json.loads(notebook.read_text(encoding="utf-8"))["metadata"]["attn_ref"]["run_seconds"]
+        seconds = json.loads(notebook.read_text(encoding="utf-8"))["metadata"]["attn_ref"][
+            "run_seconds"
+        ]
         assert f"It ran top to bottom in {seconds:.0f} s" in text, notebook.name
         for name in (notebook.name, f"{notebook.stem}.py"):
             assert f'href="{name}" download' in text and (folder / name).is_file(), name
-        assert (folder / f"{notebook.stem}.py").read_bytes() == (ROOT / "tutorials_src" / f"{notebook.stem}.py").read_bytes()
+        assert (folder / f"{notebook.stem}.py").read_bytes() == (
+            ROOT / "tutorials_src" / f"{notebook.stem}.py"
+        ).read_bytes()
 
 
 def test_comm_volume_chart_draws_ulysses_only_at_valid_degrees():
-    spec = importlib.util.spec_from_file_location("doc_figures", ROOT / "scripts" / "doc_figures.py")
+    spec = importlib.util.spec_from_file_location(
+        "doc_figures", ROOT / "scripts" / "doc_figures.py"
+    )
     figures = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(figures)
-    ulysses = next(line for line in figures.comm_volume().axes[0].lines if line.get_label().startswith("Ulysses"))
+    ulysses = next(
+        line
+        for line in figures.comm_volume().axes[0].lines
+        if line.get_label().startswith("Ulysses")
+    )
     degrees = [int(p) for p in ulysses.get_xdata()]
     assert degrees and all(8 % p == 0 for p in degrees), degrees  # h_k = 8 KV heads
-
 
 
 #: Control characters a text source must not hold: all of C0 but the newline, and DEL (a TAB typed
@@ -115,13 +145,19 @@ def notebook_texts(path: Path) -> list[tuple[str, str]]:
         for output in cell.get("outputs", []):
             texts.append((f"{cell.get('id')} output", "".join(output.get("text", ""))))
             for kind in ("text/plain", "text/markdown", "text/html"):
-                texts.append((f"{cell.get('id')} {kind}", "".join(output.get("data", {}).get(kind, ""))))
+                texts.append(
+                    (f"{cell.get('id')} {kind}", "".join(output.get("data", {}).get(kind, "")))
+                )
     return texts
 
 
 def doc_sources() -> list[Path]:
     """The hand-written text of the site: markdown pages, tutorial sources, README."""
-    return sorted((ROOT / "docs").rglob("*.md")) + sorted((ROOT / "tutorials_src").glob("*.py")) + [ROOT / "README.md"]
+    return (
+        sorted((ROOT / "docs").rglob("*.md"))
+        + sorted((ROOT / "tutorials_src").glob("*.py"))
+        + [ROOT / "README.md"]
+    )
 
 
 def test_no_control_characters_in_docs_tutorials_and_notebooks():
@@ -131,8 +167,11 @@ def test_no_control_characters_in_docs_tutorials_and_notebooks():
             if CONTROL.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line!r}")
     for path in sorted((ROOT / "docs" / "tutorials").glob("*.ipynb")):
-        found += [f"{path.relative_to(ROOT)} {where}: {CONTROL.search(text).group()!r}"
-                  for where, text in notebook_texts(path) if CONTROL.search(text)]
+        found += [
+            f"{path.relative_to(ROOT)} {where}: {CONTROL.search(text).group()!r}"
+            for where, text in notebook_texts(path)
+            if CONTROL.search(text)
+        ]
     assert not found, "control characters (a TAB for \\t?):\n" + "\n".join(found)
 
 
@@ -142,19 +181,25 @@ def test_control_character_rule_catches_a_tab():
     assert CONTROL.search("line one\nline two") is None
 
 
-#: Spellings docs/notation.md retired, each with what replaces it. They may appear only in that page's
-#: "Retired spellings" table.
+#: Spellings docs/notation.md retired, each with what replaces it. They may appear only in that
+#: page's "Retired spellings" table.
 RETIRED = {
     r"\bH_kv\b|\bHkv\b|H_\{kv\}|\bH_k\b|\bH_\{k\}": "h_k (the number of KV heads)",
     r"\(b_k, max_pages\)": "(b, max_pages): one page-table row per sequence of the batch",
     r"KV head `{0,2}g\b|\bg = h // \(h": "kv_head = head // g (g is the group size h / h_k)",
-    r"[Qq]uery head `{1,2}h`{1,2}|[Qq]uery head \$h\$|σ_h\b": "head (h is the number of query heads)",
+    r"[Qq]uery head `{1,2}h`{1,2}|[Qq]uery head \$h\$|σ_h\b": (
+        "head (h is the number of query heads)"
+    ),
     r"pages of `P` tokens|`\(num_pages, P,": "page_size (P is the number of ranks)",
 }
 
 
 def test_docs_use_the_notation_page_symbols():
-    sources = doc_sources() + [ROOT / "scripts" / "doc_figures.py"] + sorted((ROOT / "docs" / "figures").glob("*.svg"))
+    sources = (
+        doc_sources()
+        + [ROOT / "scripts" / "doc_figures.py"]
+        + sorted((ROOT / "docs" / "figures").glob("*.svg"))
+    )
     notation = (ROOT / "docs" / "notation.md").read_text(encoding="utf-8")
     assert "## Retired spellings" in notation
     found = []
@@ -165,61 +210,109 @@ def test_docs_use_the_notation_page_symbols():
         for number, line in enumerate(text.splitlines(), 1):
             for pattern, use in RETIRED.items():
                 if re.search(pattern, line):
-                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]!r}: use {use}")
+                    found.append(
+                        f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]!r}: use {use}"
+                    )
     assert not found, "retired symbols (docs/notation.md):\n" + "\n".join(found)
 
 
-#: In docstrings also sglang's upper-case shape letters, which docs/notation.md spells b, s_q, s_k, d_v.
-DOCSTRING_RETIRED = {**RETIRED, r"\[B, |\bSq\b|\bSk\b|\bDv\b": "[b, s_q, h, d], d_v (S / P: a rank's block)"}
+#: In docstrings also sglang's upper-case shape letters, which docs/notation.md spells b, s_q, s_k,
+#: d_v.
+DOCSTRING_RETIRED = {
+    **RETIRED,
+    r"\[B, |\bSq\b|\bSk\b|\bDv\b": "[b, s_q, h, d], d_v (S / P: a rank's block)",
+}
 #: Where docstrings follow docs/notation.md: every module of the two implementations.
-DOCSTRING_SOURCES = sorted((ROOT / "attn_ref").rglob("*.py")) + sorted((ROOT / "kernels").rglob("*.py"))
+DOCSTRING_SOURCES = sorted((ROOT / "attn_ref").rglob("*.py")) + sorted(
+    (ROOT / "kernels").rglob("*.py")
+)
 
 
 def docstrings(path: Path) -> list[tuple[int, str]]:
-    """``(line, text)`` of every line of the module's, its classes' and its functions' docstrings."""
+    """``(line, text)`` of every line of the module's, its classes' and its functions'
+    docstrings."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            found += [(body[0].lineno + n, line) for n, line in enumerate(body[0].value.value.splitlines())]
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            found += [
+                (body[0].lineno + n, line)
+                for n, line in enumerate(body[0].value.value.splitlines())
+            ]
     return found
 
 
 def test_docstrings_use_the_notation_page_symbols():
-    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]!r}: use {use}"
-             for path in DOCSTRING_SOURCES for number, line in docstrings(path)
-             for pattern, use in DOCSTRING_RETIRED.items() if re.search(pattern, line)]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]!r}: use {use}"
+        for path in DOCSTRING_SOURCES
+        for number, line in docstrings(path)
+        for pattern, use in DOCSTRING_RETIRED.items()
+        if re.search(pattern, line)
+    ]
     assert len(DOCSTRING_SOURCES) > 30
     assert not found, "retired symbols in docstrings (docs/notation.md):\n" + "\n".join(found)
 
 
 def test_retired_symbol_patterns_match_what_they_retire():
-    samples = ["`H_kv` heads", "Hkv = 4", "$H_{kv}$", "`(b_k, max_pages)`", "served by KV head `g = h // (h / h_k)`",
-               "Query head `h` reads", "query head ``h`` (KV head ``g``)", "σ_h", "pages of `P` tokens"]
+    samples = [
+        "`H_kv` heads",
+        "Hkv = 4",
+        "$H_{kv}$",
+        "`(b_k, max_pages)`",
+        "served by KV head `g = h // (h / h_k)`",
+        "Query head `h` reads",
+        "query head ``h`` (KV head ``g``)",
+        "σ_h",
+        "pages of `P` tokens",
+    ]
     for sample in samples:
         assert any(re.search(pattern, sample) for pattern in RETIRED), sample
-    for fine in ["`h_k` KV heads", "`(b, max_pages)`", "kv_head = head // g", "`page_size`", "g = h / h_k"]:
+    for fine in [
+        "`h_k` KV heads",
+        "`(b, max_pages)`",
+        "kv_head = head // g",
+        "`page_size`",
+        "g = h / h_k",
+    ]:
         assert not any(re.search(pattern, fine) for pattern in RETIRED), fine
     for sample in ["q ``[B, S, H, D]``", "``j <= i + Sk - Sq``", "``[..., Dv]``"]:
         assert any(re.search(pattern, sample) for pattern in DOCSTRING_RETIRED), sample
-    for fine in ["q ``[b, S / P, h, d]``", "``Sk_b``", "``[b, s_q, h_k, g, d_v]``", "query head ``head``"]:
+    for fine in [
+        "q ``[b, S / P, h, d]``",
+        "``Sk_b``",
+        "``[b, s_q, h_k, g, d_v]``",
+        "query head ``head``",
+    ]:
         assert not any(re.search(pattern, fine) for pattern in DOCSTRING_RETIRED), fine
 
 
-
 def ring_step_cell(rank: int, step: int, ranks: int, zigzag: bool) -> str:
-    """What the ring concept page's per-step table says rank ``rank`` computes at step ``step``, derived
-    from the ring's own plan (:func:`attn_ref.sequence_parallel.ring._blocks`, causal, 8 rows a rank)."""
+    """What the ring concept page's per-step table says rank ``rank`` computes at step ``step``,
+    derived from the ring's own plan (:func:`attn_ref.sequence_parallel.ring._blocks`, causal, 8
+    rows a rank)."""
     from attn_ref.sequence_parallel.ring import _blocks, block_chunks
 
     source, rows, half = (rank - step) % ranks, 8, slice(0, 4)
-    blocks = [(b.q_rows, b.k_rows, b.causal)
-              for b in _blocks(block_chunks(rank, ranks, rows, zigzag), block_chunks(source, ranks, rows, zigzag), True)]
+    blocks = [
+        (b.q_rows, b.k_rows, b.causal)
+        for b in _blocks(
+            block_chunks(rank, ranks, rows, zigzag), block_chunks(source, ranks, rows, zigzag), True
+        )
+    ]
     if not zigzag:
         whole = (slice(0, 8), slice(0, 8))
-        what = [([], "skipped"), ([whole + (True,)], "causal square"), ([whole + (False,)], "all of it")]
+        what = [
+            ([], "skipped"),
+            ([whole + (True,)], "causal square"),
+            ([whole + (False,)], "all of it"),
+        ]
         return f"block {source}: " + next(text for plan, text in what if plan == blocks)
     if step == 0:
         assert sum(causal for _, _, causal in blocks) == 2
@@ -235,9 +328,11 @@ def ring_step_cell(rank: int, step: int, ranks: int, zigzag: bool) -> str:
 def test_ring_step_tables_are_what_the_ring_computes():
     text = (ROOT / "docs" / "concepts" / "sequence-parallel.md").read_text(encoding="utf-8")
     for zigzag, first in ((False, "| rank | step 0 |"), (True, "| rank (its chunks) | step 0 |")):
-        table = text[text.index(first):].split("\n\n", 1)[0].splitlines()[2:]
+        table = text[text.index(first) :].split("\n\n", 1)[0].splitlines()[2:]
         cells = [[cell.strip() for cell in row.strip("|").split("|")][1:] for row in table]
-        assert cells == [[ring_step_cell(r, t, 4, zigzag) for t in range(4)] for r in range(4)], zigzag
+        assert cells == [[ring_step_cell(r, t, 4, zigzag) for t in range(4)] for r in range(4)], (
+            zigzag
+        )
 
 
 def test_source_include_finds_definitions():
@@ -253,11 +348,14 @@ def test_source_include_finds_definitions():
 def parameter_rows(site: Path, page: str, qualname: str) -> list[tuple[str, str]]:
     """``(name, default)`` of each row of the Parameters table of ``qualname`` on an API page."""
     text = (site / page).read_text(encoding="utf-8")
-    after_heading = text[text.index(f'id="{qualname}"'):]
+    after_heading = text[text.index(f'id="{qualname}"') :]
     table = after_heading.split("Parameters:", 1)[1].split("</table>", 1)[0]  # its first table
     rows = []
     for row in re.findall(r'<tr class="doc-section-item">(.*?)</tr>', table, re.S):
-        cells = [html.unescape(re.sub(r"<[^>]+>", "", cell)).strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
+        cells = [
+            html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
+            for cell in re.findall(r"<td>(.*?)</td>", row, re.S)
+        ]
         rows.append((cells[0], cells[-1]))
     return rows
 
@@ -268,25 +366,40 @@ def source_defaults(function) -> dict[str, str]:
     node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
     args = node.args
     positional = args.posonlyargs + args.args
-    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
-    pairs += [(arg, default) for arg, default in zip(args.kwonlyargs, args.kw_defaults)
-              if default is not None]
+    pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults))
+    pairs += [
+        (arg, default)
+        for arg, default in zip(args.kwonlyargs, args.kw_defaults)
+        if default is not None
+    ]
     return {arg.arg: ast.unparse(default) for arg, default in pairs}
 
 
-@pytest.mark.parametrize("page, qualname, function", [
-    ("reference/attn_ref/index.html", "attn_ref.flash_attn_with_kvcache", "attn_ref.flash_attn_with_kvcache"),
-    ("reference/attn_ref/index.html", "attn_ref.attention_with_lse", "attn_ref.attention_with_lse"),
-    ("reference/kernels/index.html", "kernels.kvcache.attend", "kernels.kvcache.attend"),
-])
+@pytest.mark.parametrize(
+    "page, qualname, function",
+    [
+        (
+            "reference/attn_ref/index.html",
+            "attn_ref.flash_attn_with_kvcache",
+            "attn_ref.flash_attn_with_kvcache",
+        ),
+        (
+            "reference/attn_ref/index.html",
+            "attn_ref.attention_with_lse",
+            "attn_ref.attention_with_lse",
+        ),
+        ("reference/kernels/index.html", "kernels.kvcache.attend", "kernels.kvcache.attend"),
+    ],
+)
 def test_api_tables_have_one_row_per_parameter_with_its_default(site, page, qualname, function):
     module, name = function.rsplit(".", 1)
     found = getattr(importlib.import_module(module), name)
     defaults = source_defaults(found)
-    expected = [(p.name, "required" if p.default is p.empty else defaults[p.name])
-                for p in inspect.signature(found).parameters.values()]
+    expected = [
+        (p.name, "required" if p.default is p.empty else defaults[p.name])
+        for p in inspect.signature(found).parameters.values()
+    ]
     assert parameter_rows(site, page, qualname) == expected
-
 
 
 API_PAGES = ["attn_ref", "kernels", "sequence_parallel", "errors", "conformance", "transformers"]
@@ -298,22 +411,31 @@ def test_every_api_page_is_listed():
 
 @pytest.mark.parametrize("page", API_PAGES)
 def test_api_reference_examples_run(page):
-    """The examples of docs/reference/<page>.md, run top to bottom as one script (their asserts hold)."""
+    """The examples of docs/reference/<page>.md, run top to bottom as one script (their asserts
+    hold)."""
     script = page_script(page)
     assert script, page
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
 
 def page_script(page: str) -> str:
-    """The Python examples of docs/reference/<page>.md as one script, as test_api_reference_examples_run runs them."""
+    """The Python examples of docs/reference/<page>.md as one script, as
+    test_api_reference_examples_run runs them."""
     markdown = (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8")
     return "\n".join(re.findall(r"```python\n(.*?)```", markdown, re.S))
 
 
 def _owner(cls: type, attribute: str) -> type:
-    """The class of ``cls.__mro__`` that defines ``attribute`` (``cls`` for an instance attribute)."""
+    """The class of ``cls.__mro__`` that defines ``attribute`` (``cls`` for an instance
+    attribute)."""
     return next((c for c in cls.__mro__ if attribute in vars(c)), cls)
 
 
@@ -331,8 +453,8 @@ def _field_annotation(cls: type, name: str):
 
 
 def _hint(owner, name: str):
-    """The annotated type of ``owner``'s ``name`` (a field, a property's or a function's return), where
-    it is a class (``Optional[C]``: ``C``, what the value is where it is set)."""
+    """The annotated type of ``owner``'s ``name`` (a field, a property's or a function's return),
+    where it is a class (``Optional[C]``: ``C``, what the value is where it is set)."""
     try:
         if inspect.isclass(owner):
             found = inspect.getattr_static(owner, name, None)
@@ -351,16 +473,17 @@ def _hint(owner, name: str):
 
 
 class ExampleUses(ast.NodeVisitor):
-    """What a script of examples does with the objects it imports, found from its code (not by running it).
+    """What a script of examples does with the objects it imports, found from its code (not by
+    running it).
 
     Names are followed through ``import``/``from ... import`` (``sp.ring_attention`` is the object
-    ``attn_ref.sequence_parallel.ring_attention``), and values through their annotations: ``x = f(...)``
-    is an instance of ``f``'s annotated return class, ``x.field`` of the field's class. The script
-    *calls* an object where a call (or a decorator) names it; it *uses* a class where it constructs
-    it, catches it (``except``), or reads or calls an attribute of the class or of an instance of it
-    (``report.status(...)``; an inherited attribute is a use of the class that defines it); it
-    *reads* a constant where an expression names it. Code in a function counts only when the script
-    calls (or passes) that function.
+    ``attn_ref.sequence_parallel.ring_attention``), and values through their annotations: ``x =
+    f(...)`` is an instance of ``f``'s annotated return class, ``x.field`` of the field's class. The
+    script *calls* an object where a call (or a decorator) names it; it *uses* a class where it
+    constructs it, catches it (``except``), or reads or calls an attribute of the class or of an
+    instance of it (``report.status(...)``; an inherited attribute is a use of the class that
+    defines it); it *reads* a constant where an expression names it. Code in a function counts only
+    when the script calls (or passes) that function.
     """
 
     def __init__(self, script: str):
@@ -372,10 +495,15 @@ class ExampleUses(ast.NodeVisitor):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 self._bind(node)
         self._loads: list[ast.Name] = []  # names the counted code reads
-        functions = {node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        functions = {
+            node.name: node
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
         self._skipped = set(functions)
         self.visit(tree)
-        # A function counts once the code that counts names it (a call, a callback): until nothing changes.
+        # A function counts once the code that counts names it (a call, a callback): until nothing
+        # changes.
         while True:
             named = {n.id for n in self._loads if isinstance(n, ast.Name)} & self._skipped
             if not named:
@@ -389,7 +517,9 @@ class ExampleUses(ast.NodeVisitor):
         for alias in node.names:
             if isinstance(node, ast.Import):
                 module = importlib.import_module(alias.name)
-                self.names[alias.asname or alias.name.split(".")[0]] = module if alias.asname else sys.modules[alias.name.split(".")[0]]
+                self.names[alias.asname or alias.name.split(".")[0]] = (
+                    module if alias.asname else sys.modules[alias.name.split(".")[0]]
+                )
             elif node.level == 0 and alias.name != "*":
                 module = importlib.import_module(node.module)
                 try:
@@ -399,7 +529,8 @@ class ExampleUses(ast.NodeVisitor):
                 self.names[alias.asname or alias.name] = found
 
     def value(self, node):
-        """The object an expression names: an imported name and attributes of it (of modules and classes only)."""
+        """The object an expression names: an imported name and attributes of it (of modules and
+        classes only)."""
         if isinstance(node, ast.Name):
             return self.names.get(node.id)
         if isinstance(node, ast.Attribute):
@@ -458,7 +589,7 @@ class ExampleUses(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_ExceptHandler(self, node):
-        for caught in (node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]):
+        for caught in node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]:
             if inspect.isclass(self.value(caught)):
                 self.used.add(self.value(caught))
         self.generic_visit(node)
@@ -481,7 +612,8 @@ class ExampleUses(ast.NodeVisitor):
         self.generic_visit(node)
 
     def uses(self, qualname: str) -> bool:
-        """Whether the script calls the function, uses the class or reads the constant ``qualname``."""
+        """Whether the script calls the function, uses the class or reads the constant
+        ``qualname``."""
         found = resolve(qualname)
         if inspect.isclass(found):
             return found in self.used
@@ -492,11 +624,15 @@ class ExampleUses(ast.NodeVisitor):
 
 
 def api_sections(site: Path) -> list[tuple[str, str, str]]:
-    """``(page, qualname, html)`` of every object the API reference renders: from its heading to the next."""
+    """``(page, qualname, html)`` of every object the API reference renders: from its heading to the
+    next."""
     sections = []
     for page in sorted((site / "reference").glob("*/index.html")):
         text = page.read_text(encoding="utf-8")
-        starts = [(m.start(), m.group(1)) for m in re.finditer(r'<h[2-6] id="(\w+(?:\.\w+)+)"\s+class="doc doc-heading', text)]
+        starts = [
+            (m.start(), m.group(1))
+            for m in re.finditer(r'<h[2-6] id="(\w+(?:\.\w+)+)"\s+class="doc doc-heading', text)
+        ]
         for n, (start, qualname) in enumerate(starts):
             end = starts[n + 1][0] if n + 1 < len(starts) else len(text)
             sections.append((page.parent.name, qualname, text[start:end]))
@@ -519,8 +655,9 @@ def resolve(qualname: str):
 
 #: The project's packages (the constructors of their classes are documented, others' are not).
 PACKAGES = ("attn_ref", "kernels", "errors")
-#: Entries the reference renders as attributes: the reference's function bound to the kernels' backend
-#: (:func:`attn_ref.sequence_parallel.ring_flash_attn.with_backend`), typed on the reference's page.
+#: Entries the reference renders as attributes: the reference's function bound to the kernels'
+#: backend (:func:`attn_ref.sequence_parallel.ring_flash_attn.with_backend`), typed on the
+#: reference's page.
 BOUND_ENTRIES = {"kernels.sequence_parallel.ring_attention"}
 
 
@@ -540,15 +677,26 @@ def test_api_reference_has_an_example_for_every_entry(site):
         if not examples[page].uses(qualname):
             without.append(f"{page}: {qualname}")
     assert entries > 60
-    assert not without, "API entries no example calls (a function), uses (a class) or reads (a constant):\n" + "\n".join(without)
+    assert not without, (
+        "API entries no example calls (a function), uses (a class) or reads (a constant):\n"
+        + "\n".join(without)
+    )
 
 
 def test_example_rule_wants_a_call_a_use_or_a_read():
-    """:class:`ExampleUses` on a sample that does each thing, and on one that only names each entry."""
-    entries = ["attn_ref.split_bounds", "attn_ref.sequence_parallel.shard_positions", "attn_ref.call.KVCacheCall",
-               "attn_ref.call.BatchTable", "errors.CatalogError", "attn_ref.sequence_parallel.SELF_GROUP",
-               "attn_ref.sequence_parallel.layer.SequenceParallelAttention"]
-    good = ExampleUses(textwrap.dedent("""\
+    """:class:`ExampleUses` on a sample that does each thing, and on one that only names each
+    entry."""
+    entries = [
+        "attn_ref.split_bounds",
+        "attn_ref.sequence_parallel.shard_positions",
+        "attn_ref.call.KVCacheCall",
+        "attn_ref.call.BatchTable",
+        "errors.CatalogError",
+        "attn_ref.sequence_parallel.SELF_GROUP",
+        "attn_ref.sequence_parallel.layer.SequenceParallelAttention",
+    ]
+    good = ExampleUses(
+        textwrap.dedent("""\
         import attn_ref
         import errors
         from attn_ref import sequence_parallel as sp
@@ -564,9 +712,11 @@ def test_example_rule_wants_a_call_a_use_or_a_read():
             print(exc)
         print(sp.all_gather(x, dim=1, group=sp.SELF_GROUP))
         print(sp.UlyssesAttention.backend)                      # defined by SequenceParallelAttention
-        """))
+        """)
+    )
     assert [entry for entry in entries if not good.uses(entry)] == []
-    bad = ExampleUses(textwrap.dedent("""\
+    bad = ExampleUses(
+        textwrap.dedent("""\
         import attn_ref
         import errors
         from attn_ref import sequence_parallel as sp
@@ -579,7 +729,8 @@ def test_example_rule_wants_a_call_a_use_or_a_read():
         assert issubclass(sp.UlyssesAttention, sp.layer.SequenceParallelAttention)
         SELF_GROUP = None                                       # a name of its own
         print(SELF_GROUP)
-        """))
+        """)
+    )
     assert [entry for entry in entries if bad.uses(entry)] == []
 
 
@@ -592,17 +743,28 @@ def test_api_reference_gives_every_parameter_a_type(site):
         found = resolve(qualname)
         if not (inspect.isfunction(found) or inspect.isclass(found)):
             continue
-        if inspect.isclass(found) and not getattr(found.__init__, "__module__", "").startswith(PACKAGES):
-            continue  # a constructor not of this project (Exception's, torch.nn.Module's, a NamedTuple's)
-        if "doc-label-module-attribute" in section:  # a function bound at import: no signature of its own
-            assert qualname in BOUND_ENTRIES, f"{qualname} is rendered as an attribute, without parameters"
+        if inspect.isclass(found) and not getattr(found.__init__, "__module__", "").startswith(
+            PACKAGES
+        ):
+            # a constructor not of this project (Exception's, torch.nn.Module's, a NamedTuple's)
+            continue
+        # a function bound at import: no signature of its own
+        if "doc-label-module-attribute" in section:
+            assert qualname in BOUND_ENTRIES, (
+                f"{qualname} is rendered as an attribute, without parameters"
+            )
             continue
         rows = {}
         for table in re.findall(r"Parameters:.*?</table>", section, re.S):
             for row in re.findall(r'<tr class="doc-section-item">(.*?)</tr>', table, re.S):
-                cells = [html.unescape(re.sub(r"<[^>]+>", "", cell)).strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
+                cells = [
+                    html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
+                    for cell in re.findall(r"<td>(.*?)</td>", row, re.S)
+                ]
                 rows[cells[0].lstrip("*")] = cells[1]
-        signature = html.unescape(re.sub(r"<[^>]+>", "", section.split("doc-signature", 1)[-1].split("</code>", 1)[0]))
+        signature = html.unescape(
+            re.sub(r"<[^>]+>", "", section.split("doc-signature", 1)[-1].split("</code>", 1)[0])
+        )
         for parameter in inspect.signature(found).parameters.values():
             if parameter.name in ("self", "cls"):
                 continue
@@ -610,7 +772,9 @@ def test_api_reference_gives_every_parameter_a_type(site):
             if parameter.name in rows:
                 typed = bool(rows[parameter.name])
             else:
-                typed = parameter.annotation is not parameter.empty and re.search(rf"\b{parameter.name}: \S", signature)
+                typed = parameter.annotation is not parameter.empty and re.search(
+                    rf"\b{parameter.name}: \S", signature
+                )
             if not typed:
                 untyped.append(f"{page}: {qualname}({parameter.name})")
     assert checked > 300
@@ -633,7 +797,8 @@ def test_every_catalog_entry_has_a_page(site, catalog):
         assert (site / entry["api_url"].removeprefix(base).strip("/")).is_file(), entry["api_url"]
         text = page.read_text(encoding="utf-8")
         assert "Error message" in text and "Solutions" in text, entry["id"]
-        if entry["status"] == "upstream_only":  # fixed and predicate only; upstream's wordings listed
+        # fixed and predicate only; upstream's wordings listed
+        if entry["status"] == "upstream_only":
             assert "Recovery" not in text and "Also raised upstream as" in text, entry["id"]
         else:
             assert "Recovery" in text, entry["id"]
@@ -641,7 +806,8 @@ def test_every_catalog_entry_has_a_page(site, catalog):
 
 
 def redirect_target(page: Path) -> str:
-    """Where a static redirect page sends the reader (its meta refresh), checked against its plain link."""
+    """Where a static redirect page sends the reader (its meta refresh), checked against its plain
+    link."""
     text = page.read_text(encoding="utf-8")
     target = re.search(r'<meta http-equiv="refresh" content="0; url=([^"]+)">', text).group(1)
     assert f'<a href="{target}">' in text, page
@@ -656,11 +822,14 @@ def test_id_and_old_slug_urls_redirect_to_the_entry_page(site, catalog):
             page = site / "errors" / name / "index.html"
             target = (page.parent / redirect_target(page)).resolve()
             assert target == (site / "errors" / entry["slug"]).resolve(), (name, target)
-            assert f'<link rel="canonical" href="{entry["docs_url"]}">' in page.read_text(encoding="utf-8")
+            assert f'<link rel="canonical" href="{entry["docs_url"]}">' in page.read_text(
+                encoding="utf-8"
+            )
 
 
 def test_no_internal_link_points_to_an_id_url(site):
-    """Links of the site (pages, search index, JSON API) name the slug URL; only redirects name ids."""
+    """Links of the site (pages, search index, JSON API) name the slug URL; only redirects name
+    ids."""
     id_url = re.compile(r"errors/[0-9a-f]{16}/")
     found = {}
     for path in sorted(site.rglob("*")):
@@ -678,23 +847,35 @@ def test_upstream_errors_page_links_every_message_to_its_entry(site):
     for data in upstream.load_all():
         assert f">{data['title']}</h2>" in re.sub(r"<a [^>]*>.*?</a>", "", text), data["source"]
         for message in data["messages"]:
-            href = posixpath.relpath(f"errors/{cat.get(message['entry'])['slug']}", "errors/upstream")
+            href = posixpath.relpath(
+                f"errors/{cat.get(message['entry'])['slug']}", "errors/upstream"
+            )
             assert f'href="{href}/"' in text, message["template"]
     page = entry_html(site, cat.get("541c547258dbac23"))
     assert "Also raised upstream as" in page and "seqused_k must have dtype int32" in page
 
 
 def test_error_pages_show_the_real_output_and_sit_in_the_nav(site, catalog):
-    """The trigger's exception line, as raised at build time; the sidebar and previous/next links."""
+    """The trigger's exception line, as raised at build time; the sidebar and previous/next
+    links."""
     for entry in catalog["errors"]:
         text = entry_html(site, entry)
         assert 'class="md-footer__link md-footer__link--prev"' in text, entry["id"]
         assert "md-nav__link--active" in text, f"{entry['id']} is not in the nav"
         if entry["status"] == "active":
-            printed = html.unescape(re.sub(r"<[^>]+>", "", text.split("What Python prints", 1)[1].split("</pre>", 1)[0]))
-            type_line = next(line for line in printed.splitlines()  # a class of the tree prints its module too
-                             if line.split(": ", 1)[0].rsplit(".", 1)[-1] == entry["exception"]["type"])
-            assert re.fullmatch(entry["message"]["regex"], type_line.split(": ", 1)[1]), (entry["id"], type_line)
+            printed = html.unescape(
+                re.sub(r"<[^>]+>", "", text.split("What Python prints", 1)[1].split("</pre>", 1)[0])
+            )
+            # a class of the tree prints its module too
+            type_line = next(
+                line
+                for line in printed.splitlines()
+                if line.split(": ", 1)[0].rsplit(".", 1)[-1] == entry["exception"]["type"]
+            )
+            assert re.fullmatch(entry["message"]["regex"], type_line.split(": ", 1)[1]), (
+                entry["id"],
+                type_line,
+            )
         for alias in entry.get("external_aliases", []):
             assert alias["id"] in text, (entry["id"], alias["id"])
 
@@ -714,7 +895,9 @@ def test_entry_json_is_the_catalog_entry_byte_for_byte(site, catalog):
         published = (site / "api" / "errors" / f"{entry['id']}.json").read_bytes()
         assert published == entry_json(entry).encode("utf-8")
         assert json.loads(published) == entry
-        assert textwrap.indent(published.decode("utf-8").rstrip("\n"), "    ") in stored, entry["id"]
+        assert textwrap.indent(published.decode("utf-8").rstrip("\n"), "    ") in stored, entry[
+            "id"
+        ]
 
 
 def test_index_json_lists_exactly_the_catalog_ids(site, catalog):
@@ -732,7 +915,9 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def served(site):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(site.parent)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(site.parent))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/{SITE_PATH}"
@@ -743,23 +928,43 @@ class Browser:
     """One Chromium page on the served site that records every problem a reader would meet.
 
     Every request that leaves the site is recorded and aborted (as offline); console errors, page
-    errors, failed requests and HTTP errors are recorded too. :meth:`problems` returns and clears them.
+    errors, failed requests and HTTP errors are recorded too. :meth:`problems` returns and clears
+    them.
     """
 
     def __init__(self, playwright, served: str):
         self.served = served
-        self.browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        self.browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS
+        )
         self.page = self.browser.new_page(viewport={"width": 1400, "height": 900})
         self._problems: list[str] = []
         self.page.route("**/*", self._route)
         self.page.on("pageerror", lambda exc: self._problems.append(f"page error: {exc}"))
-        self.page.on("console", lambda msg: self._problems.append(f"console {msg.type}: {msg.text}")
-                     if msg.type == "error" else None)
+        self.page.on(
+            "console",
+            lambda msg: (
+                self._problems.append(f"console {msg.type}: {msg.text}")
+                if msg.type == "error"
+                else None
+            ),
+        )
         # A request cut off by the next navigation (net::ERR_ABORTED, e.g. the favicon) is no fault;
         # a missing file shows up as an HTTP error below.
-        self.page.on("requestfailed", lambda r: self._problems.append(f"failed: {r.url} ({r.failure})")
-                     if r.url.startswith(served) and r.failure != "net::ERR_ABORTED" else None)
-        self.page.on("response", lambda r: self._problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+        self.page.on(
+            "requestfailed",
+            lambda r: (
+                self._problems.append(f"failed: {r.url} ({r.failure})")
+                if r.url.startswith(served) and r.failure != "net::ERR_ABORTED"
+                else None
+            ),
+        )
+        self.page.on(
+            "response",
+            lambda r: (
+                self._problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None
+            ),
+        )
 
     def _route(self, route):
         url = route.request.url
@@ -777,17 +982,23 @@ class Browser:
         response = self.page.goto(self.served + path)
         assert response is not None and response.ok, path
         # MathJax (tutorial pages) typesets after load: wait until it is done.
-        self.page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise.then(() => null) : null")
+        self.page.evaluate(
+            "() => window.MathJax && MathJax.startup ? MathJax.startup.promise.then(() => null) : "
+            "null"
+        )
         return self.page
 
 
 @pytest.fixture(scope="module")
 def browser(served):
-    assert CHROMIUM.is_file(), "Debian's chromium is missing: `make browser` installs it (apt-get install chromium)"
+    assert CHROMIUM.is_file(), (
+        "Debian's chromium is missing: `make browser` installs it (apt-get install chromium)"
+    )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        # Playwright gives the browser a fresh, empty profile (toolchain.md's --user-data-dir) itself.
+        # Playwright gives the browser a fresh, empty profile (toolchain.md's --user-data-dir)
+        # itself.
         reader = Browser(playwright, served)
         yield reader
         reader.browser.close()
@@ -795,7 +1006,8 @@ def browser(served):
 
 #: Text outside code that still looks like TeX: a backslash command or $-delimited math.
 RAW_TEX = r"/\\[a-zA-Z]{2,}|\$\$|\$[^$\s][^$]*\$/"
-PAGE_FAULTS = """() => {
+PAGE_FAULTS = (
+    """() => {
   const broken = [...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src);
   const walker = document.createTreeWalker(document.querySelector("article") || document.body, NodeFilter.SHOW_TEXT);
   const tex = [];
@@ -811,16 +1023,18 @@ PAGE_FAULTS = """() => {
   document.querySelectorAll("mjx-merror").forEach(e => tex.push("MathJax error: " + e.getAttribute("data-mjx-error")));
   document.querySelectorAll("mjx-assistive-mml").forEach(m => { if (m.textContent.includes("\\\\")) tex.push(m.textContent); });
   return {broken, tex};
-}""" % RAW_TEX
+}"""
+    % RAW_TEX
+)
 
 
 def site_pages(site: Path) -> list[str]:
     """The URL path of every HTML page of the built site."""
     pages = []
-    for html in sorted(site.rglob("*.html")):
-        if 'http-equiv="refresh"' in html.read_text(encoding="utf-8"):  # a redirect to another page
+    for page in sorted(site.rglob("*.html")):
+        if 'http-equiv="refresh"' in page.read_text(encoding="utf-8"):  # a redirect to another page
             continue
-        rel = html.relative_to(site).as_posix()
+        rel = page.relative_to(site).as_posix()
         pages.append("/" + rel.removesuffix("index.html"))
     return pages
 
@@ -838,17 +1052,25 @@ def test_browser_every_page_offline_without_errors(browser, site):
     # test) it gets an empty index, which saves about a fifth of this test's time.
     index = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
     empty = json.dumps({"config": index["config"], "docs": []})
-    browser.page.route("**/search/search_index.json", lambda route: route.fulfill(content_type="application/json", body=empty))
+    browser.page.route(
+        "**/search/search_index.json",
+        lambda route: route.fulfill(content_type="application/json", body=empty),
+    )
     faults = {}
     for path in pages:
         page = browser.open(path)
         found = page.evaluate(PAGE_FAULTS)
-        problems = browser.problems() + [f"broken image {src}" for src in found["broken"]] + [
-            f"raw TeX {tex!r}" for tex in found["tex"]]
+        problems = (
+            browser.problems()
+            + [f"broken image {src}" for src in found["broken"]]
+            + [f"raw TeX {tex!r}" for tex in found["tex"]]
+        )
         if problems:
             faults[path] = problems
     browser.page.unroute("**/search/search_index.json")
-    assert not faults, "\n".join(f"{path}: {problem}" for path, problems in faults.items() for problem in problems)
+    assert not faults, "\n".join(
+        f"{path}: {problem}" for path, problems in faults.items() for problem in problems
+    )
     page = browser.open("/tutorials/02_masks_and_positions/")
     assert page.locator("mjx-container").count() > 20, "MathJax typeset the tutorial's math"
 
@@ -872,7 +1094,11 @@ def real_errors() -> list[BaseException]:
     q, cache, new = torch.zeros(1, 1, 2, 8), torch.zeros(1, 8, 2, 8), torch.zeros(1, 1, 2, 8)
     x = torch.zeros(1, 4, 2, 8)
     return [
-        raised(lambda: attn_ref.flash_attn_with_kvcache(q, cache, cache.clone(), k=new, v=new, cache_seqlens=8)),
+        raised(
+            lambda: attn_ref.flash_attn_with_kvcache(
+                q, cache, cache.clone(), k=new, v=new, cache_seqlens=8
+            )
+        ),
         raised(lambda: UlyssesAttention(2, 8)(x, x, x, replicated_q=x)),
         raised(lambda: attn_ref.flash_attn_with_kvcache([1], cache, cache)),
         raised(lambda: attn_ref.flash_attn_with_kvcache(q, cache, cache, num_splits=1.5)),
@@ -881,14 +1107,18 @@ def real_errors() -> list[BaseException]:
 
 def pasted_search_results(browser, text: str, count: int) -> list[str]:
     """Paste ``text`` into Material's search box; the links of the first ``count`` results once the
-    catalog's matches are shown (error-search.js adds them when the text matches an entry's regex, or
-    is a fragment of its messages)."""
+    catalog's matches are shown (error-search.js adds them when the text matches an entry's regex,
+    or is a fragment of its messages)."""
     page = browser.page
     page.locator("label.md-search__icon, .md-search__input").first.click()
-    page.locator("input.md-search__input").fill(text)  # a paste: one input event with the whole text
+    # a paste: one input event with the whole text
+    page.locator("input.md-search__input").fill(text)
     page.locator(".md-search-result__list > .error-search-match").first.wait_for(timeout=10_000)
     items = page.locator(".md-search-result__item")
-    return [items.nth(n).locator("a").first.get_attribute("href") or "" for n in range(min(count, items.count()))]
+    return [
+        items.nth(n).locator("a").first.get_attribute("href") or ""
+        for n in range(min(count, items.count()))
+    ]
 
 
 def first_search_result(browser, text: str) -> str:
@@ -903,22 +1133,27 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
     # Every catalog regex compiles in the browser (error-search.js leaves out those that do not).
     matchable = [e["id"] for e in catalog["errors"] if cat.literal_length(e)]
     loaded = page.evaluate("async () => (await attnRefErrorSearch.load()).map(e => e.id)")
-    assert loaded == matchable + [m["entry"] for _, m in upstream.messages()]  # upstream's wordings too
+    # upstream's wordings too
+    assert loaded == matchable + [m["entry"] for _, m in upstream.messages()]
     for exc in errors:
         for pasted in (str(exc), f"{type(exc).__name__}: {exc}"):
-            # The entry `python -m errors explain` gives for the same text (a template that two raise
-            # sites share leads to one of them, as there).
+            # The entry `python -m errors explain` gives for the same text (a template that two
+            # raise sites share leads to one of them, as there).
             entry = cat.lookup(pasted, catalog)
             assert entry is not None, pasted
             href = first_search_result(browser, pasted)
             assert href.rstrip("/").endswith(f"errors/{entry['slug']}"), (pasted, href)
     # Upstream's messages, as users paste them, open the entry `explain` gives (a few forms: every
     # message in every form is checked against errors.lookup in test_errors_upstream.py).
-    for pasted in ("RuntimeError: seqused_k must have dtype int32",
-                   "RuntimeError: q must be on CUDA\nException raised from mha_fwd at /src/hopper/flash_api.cpp:745 "
-                   "(most recent call first):\nframe #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9c",
-                   "block_table must have contiguous last dimension",
-                   "AssertionError: zigzag ring is meaningless for causal=False"):
+    for pasted in (
+        "RuntimeError: seqused_k must have dtype int32",
+        "RuntimeError: q must be on CUDA\nException raised from mha_fwd at "
+        "/src/hopper/flash_api.cpp:745 "
+        "(most recent call first):\nframe #0: c10::Error::Error(c10::SourceLocation, "
+        "std::string) + 0x9c",
+        "block_table must have contiguous last dimension",
+        "AssertionError: zigzag ring is meaningless for causal=False",
+    ):
         entry = cat.lookup(pasted, catalog)
         href = first_search_result(browser, pasted)
         assert href.rstrip("/").endswith(f"errors/{entry['slug']}"), (pasted, href)
@@ -933,20 +1168,29 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
     assert browser.problems() == []
 
 
-#: Fragments of messages as a user remembers or copies them (a middle part, with or without the tensor
-#: name, with the numbers a real run prints, upstream's wordings), each with the entries it must list
-#: first: several where the fragment is in messages of several entries.
+#: Fragments of messages as a user remembers or copies them (a middle part, with or without the
+#: tensor name, with the numbers a real run prints, upstream's wordings), each with the entries it
+#: must list first: several where the fragment is in messages of several entries.
 MESSAGE_FRAGMENTS = {
-    "must have contiguous last dimension": {"arguments/non-contiguous-last-dim", "upstream/not-contiguous"},
-    "k_cache must have contiguous": {"arguments/non-contiguous-last-dim"},  # FA3's wording, cut short
+    "must have contiguous last dimension": {
+        "arguments/non-contiguous-last-dim",
+        "upstream/not-contiguous",
+    },
+    # FA3's wording, cut short
+    "k_cache must have contiguous": {"arguments/non-contiguous-last-dim"},
     "cache_seqlens must have dtype": {"arguments/wrong-dtype"},
     "disagree on": {"sequence-parallel/ranks-disagree"},
-    "ValueError: group disagree on q dtype (rank 0: torch.float16, rank 1:": {"sequence-parallel/ranks-disagree"},
+    "ValueError: group disagree on q dtype (rank 0: torch.float16, rank 1:": {
+        "sequence-parallel/ranks-disagree"
+    },
     "every rank must make the same call": {"sequence-parallel/ranks-disagree"},
     "page_size >= 1, got page_size 0": {"paged/zero-page-size"},
     "exceeds the cache capacity (8 tokens per sequence)": {"kv-cache/capacity-exceeded"},
     "cache_seqlens (8) + new tokens (1)": {"kv-cache/capacity-exceeded"},
-    "must be a torch.Tensor, got list": {"arguments/not-a-tensor", "sequence-parallel/not-a-tensor"},
+    "must be a torch.Tensor, got list": {
+        "arguments/not-a-tensor",
+        "sequence-parallel/not-a-tensor",
+    },
     "Replicated Q, K, and V must be": {"sequence-parallel/replicated-qkv-together"},
     "num_splits must be an int <= 256": {"options/bad-num-splits"},
     "need 0 <= cache_leftpad <= cache_seqlens": {"kv-cache/leftpad-exceeds-seqlens"},
@@ -959,16 +1203,25 @@ MESSAGE_FRAGMENTS = {
 
 def test_browser_message_fragments_find_their_entries_first(browser, catalog):
     printed = " ".join(str(exc) for exc in real_errors())
-    for fragment in ("cache_seqlens (8) + new tokens (1)", "exceeds the cache capacity (8 tokens per sequence)",
-                     "must be a torch.Tensor, got list", "num_splits must be an int <= 256"):
+    for fragment in (
+        "cache_seqlens (8) + new tokens (1)",
+        "exceeds the cache capacity (8 tokens per sequence)",
+        "must be a torch.Tensor, got list",
+        "num_splits must be an int <= 256",
+    ):
         assert fragment in printed, fragment  # as a real run prints it
     assert len({slug for slugs in MESSAGE_FRAGMENTS.values() for slug in slugs}) >= 10
     page = browser.open("/")
     missed = {}
     for fragment, slugs in MESSAGE_FRAGMENTS.items():
         assert all(cat.get(slug) for slug in slugs)
-        assert cat.lookup(fragment, catalog) is None, f"{fragment!r} is a whole message, not a fragment"
-        found = [href.rstrip("/").split("errors/", 1)[-1] for href in pasted_search_results(browser, fragment, len(slugs))]
+        assert cat.lookup(fragment, catalog) is None, (
+            f"{fragment!r} is a whole message, not a fragment"
+        )
+        found = [
+            href.rstrip("/").split("errors/", 1)[-1]
+            for href in pasted_search_results(browser, fragment, len(slugs))
+        ]
         if set(found) != slugs:
             missed[fragment] = found
     assert not missed, missed
@@ -978,8 +1231,8 @@ def test_browser_message_fragments_find_their_entries_first(browser, catalog):
     assert browser.problems() == []
 
 
-#: Per row of the pages' side-by-side grids (docs_hooks/side_by_side.py): the boxes of its shown code
-#: cells, and whether any code line may wrap.
+#: Per row of the pages' side-by-side grids (docs_hooks/side_by_side.py): the boxes of its shown
+#: code cells, and whether any code line may wrap.
 ROW_LAYOUT = """() => [...document.querySelectorAll(".sbs-row:not(.sbs-heads)")].map(row => {
   const cells = [...row.querySelectorAll(".sbs-cell")].filter(c => c.getClientRects().length);
   const boxes = cells.map(c => c.getBoundingClientRect());
@@ -988,13 +1241,22 @@ ROW_LAYOUT = """() => [...document.querySelectorAll(".sbs-row:not(.sbs-heads)")]
 })"""
 ROW_BACKGROUNDS = """() => [...document.querySelectorAll(".sbs-row:not(.sbs-heads)")].map(r => getComputedStyle(r).backgroundColor)"""
 OVERFLOW = "() => document.documentElement.scrollWidth - window.innerWidth"
-SIDE_BY_SIDE_PAGES = ["call", "addressing", "attention", "split-kv", "sequence-parallel", "backward"]
+SIDE_BY_SIDE_PAGES = [
+    "call",
+    "addressing",
+    "attention",
+    "split-kv",
+    "sequence-parallel",
+    "backward",
+]
+
 
 def test_browser_side_by_side_rows_align_and_narrow_screens(browser, catalog):
-    """Every side-by-side page: from 1400 px down to 1000 px each row's two cells stand side by side at
-    one height; at 420 px they stack (reference over kernel); code never wraps (a cell scrolls) and
-    the page never scrolls sideways. Pointing at a row marks that row only, its own counterparts. The
-    error index and an error page read at 420 px. ATTN_REF_DOCS_SHOTS=<dir> saves screenshots there."""
+    """Every side-by-side page: from 1400 px down to 1000 px each row's two cells stand side by side
+    at one height; at 420 px they stack (reference over kernel); code never wraps (a cell scrolls)
+    and the page never scrolls sideways. Pointing at a row marks that row only, its own
+    counterparts. The error index and an error page read at 420 px. ATTN_REF_DOCS_SHOTS=<dir> saves
+    screenshots there."""
     shots = os.environ.get("ATTN_REF_DOCS_SHOTS")
     page, entry = browser.page, catalog["errors"][0]
     for width in (1400, 1000, 420):
@@ -1006,10 +1268,20 @@ def test_browser_side_by_side_rows_align_and_narrow_screens(browser, catalog):
             for number, row in enumerate(rows):
                 assert not row["wraps"], (name, number)
                 if width >= 1000:
-                    assert len(row["tops"]) == 2 and row["tops"][0] == row["tops"][1], (width, name, number, row)
+                    assert len(row["tops"]) == 2 and row["tops"][0] == row["tops"][1], (
+                        width,
+                        name,
+                        number,
+                        row,
+                    )
                     assert row["lefts"][0] < row["lefts"][1], (width, name, number, row)
                 else:
-                    assert len(set(row["lefts"])) == 1 and row["tops"] == sorted(row["tops"]), (width, name, number, row)
+                    assert len(set(row["lefts"])) == 1 and row["tops"] == sorted(row["tops"]), (
+                        width,
+                        name,
+                        number,
+                        row,
+                    )
             assert page.evaluate(OVERFLOW) <= 0, (width, name)
             if shots and name == "attention":
                 page.screenshot(path=f"{shots}/side-by-side_{width}.png")
@@ -1028,7 +1300,9 @@ def test_browser_side_by_side_rows_align_and_narrow_screens(browser, catalog):
         link = page.locator(".error-index a, article h1").first.bounding_box()
         assert link["x"] >= 0 and link["x"] + link["width"] <= 420, path
         if shots:
-            page.screenshot(path=f"{shots}/{'error-index' if path == '/errors/' else 'error-page'}_420.png")
+            page.screenshot(
+                path=f"{shots}/{'error-index' if path == '/errors/' else 'error-page'}_420.png"
+            )
     if shots:
         page.set_viewport_size({"width": 1400, "height": 1000})
         browser.open(f"/errors/{entry['slug']}/")
@@ -1049,20 +1323,39 @@ def test_browser_home_and_an_error_page(browser, catalog):
         page.wait_for_url(f"**/errors/{new}/#solutions")
         assert heading(page) == cat.get(new)["summary"]
     assert page.locator("article").get_by_text("What it means").count() == 1
-    # The longest message and its captured output wrap at 1400 px: nothing is cut at the column's edge.
-    longest = max((e for e in catalog["errors"] if e["status"] == "active"), key=lambda e: len(e["message"]["template"]))
+    # The longest message and its captured output wrap at 1400 px: nothing is cut at the column's
+    # edge.
+    longest = max(
+        (e for e in catalog["errors"] if e["status"] == "active"),
+        key=lambda e: len(e["message"]["template"]),
+    )
     page = browser.open(f"/errors/{longest['slug']}/")
-    widths = page.evaluate("() => [...document.querySelectorAll('.error-text pre > code')].map(c => [c.scrollWidth, c.clientWidth])")
-    assert len(widths) == 2 and all(scroll <= client + 1 for scroll, client in widths), (longest["id"], widths)
+    widths = page.evaluate(
+        "() => [...document.querySelectorAll('.error-text pre > code')].map(c => [c.scrollWidth, "
+        "c.clientWidth])"
+    )
+    assert len(widths) == 2 and all(scroll <= client + 1 for scroll, client in widths), (
+        longest["id"],
+        widths,
+    )
     assert browser.problems() == []
 
 
-
 #: The learning path of the home page's "Start here" list, in order (URL path endings).
-LEARNING_PATH = ["notation/", "concepts/", "tutorials/01_kvcache_decoding/", "tutorials/02_masks_and_positions/",
-                 "tutorials/03_mla_qv_only_qv/", "tutorials/04_flash_decoding/", "tutorials/05_sequence_parallel/",
-                 "tutorials/06_error_catalog/", "tutorials/07_backward/", "tutorials/09_conformance/",
-                 "side-by-side/", "errors/"]
+LEARNING_PATH = [
+    "notation/",
+    "concepts/",
+    "tutorials/01_kvcache_decoding/",
+    "tutorials/02_masks_and_positions/",
+    "tutorials/03_mla_qv_only_qv/",
+    "tutorials/04_flash_decoding/",
+    "tutorials/05_sequence_parallel/",
+    "tutorials/06_error_catalog/",
+    "tutorials/07_backward/",
+    "tutorials/09_conformance/",
+    "side-by-side/",
+    "errors/",
+]
 START_HERE = """() => {
   const list = document.getElementById("start-here").nextElementSibling.nextElementSibling;
   return [...list.querySelectorAll("a")].map(a => a.href);
@@ -1081,9 +1374,9 @@ SHOWN_CONTROL = r"""() => {
 
 
 def test_browser_learning_path_in_order(browser):
-    """The nav's first sections and the home page's "Start here" list follow the path; every page of it
-    opens, shows no control character; the ring tutorial's hand-run ring passed its assert; the ring
-    diagram keeps its size (10 pt labels) on a 420 px screen."""
+    """The nav's first sections and the home page's "Start here" list follow the path; every page of
+    it opens, shows no control character; the ring tutorial's hand-run ring passed its assert; the
+    ring diagram keeps its size (10 pt labels) on a 420 px screen."""
     page = browser.open("/")
     tabs = [text.strip() for text in page.locator(".md-tabs__link").all_inner_texts()]
     assert tabs[:6] == ["Home", "Notation", "Concepts", "Tutorials", "Side by side", "Errors"], tabs
@@ -1107,10 +1400,17 @@ def test_browser_learning_path_in_order(browser):
     assert browser.problems() == []
 
 
-
 #: Concept words a learner types; the first search results must be concept pages or tutorials, not
 #: error entries (entry pages carry a search boost below 1: docs_hooks/error_pages.SEARCH_BOOST).
-CONCEPT_WORDS = ["cache_seqlens", "ring attention", "page_table", "zigzag", "grouped-query", "split-KV", "softcap"]
+CONCEPT_WORDS = [
+    "cache_seqlens",
+    "ring attention",
+    "page_table",
+    "zigzag",
+    "grouped-query",
+    "split-KV",
+    "softcap",
+]
 
 
 def search_results(browser, words: str, count: int = 3) -> list[str]:
@@ -1122,10 +1422,14 @@ def search_results(browser, words: str, count: int = 3) -> list[str]:
     box.press_sequentially(words, delay=10)
     items = page.locator(".md-search-result__item")
     links, previous = [], None
-    for _ in range(50):  # the list is re-rendered after each keystroke: read it until two reads agree
+    # the list is re-rendered after each keystroke: read it until two reads agree
+    for _ in range(50):
         items.first.wait_for(timeout=15_000)
         page.wait_for_timeout(300)
-        links = [items.nth(n).locator("a").first.get_attribute("href") or "" for n in range(min(count, items.count()))]
+        links = [
+            items.nth(n).locator("a").first.get_attribute("href") or ""
+            for n in range(min(count, items.count()))
+        ]
         if links and links == previous:
             return links
         previous = links
@@ -1137,16 +1441,24 @@ def test_browser_search_ranks_concepts_above_error_pages(browser):
     ranked = {words: search_results(browser, words) for words in CONCEPT_WORDS}
     misranked = {words: links for words, links in ranked.items() if "/errors/" in links[0]}
     assert not misranked, misranked
-    assert any("concepts/sequence-parallel" in link for link in ranked["ring attention"][:2]), ranked["ring attention"]
+    assert any("concepts/sequence-parallel" in link for link in ranked["ring attention"][:2]), (
+        ranked["ring attention"]
+    )
     assert browser.problems() == []
 
 
 def test_concept_figures_are_what_the_script_draws(tmp_path):
-    """The committed SVGs match scripts/doc_figures.py (masks and splits are drawn from attn_ref)."""
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "doc_figures.py"), str(tmp_path)], check=True,
-                   capture_output=True, timeout=300)
+    """The committed SVGs match scripts/doc_figures.py (masks and splits are drawn from
+    attn_ref)."""
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "doc_figures.py"), str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     committed = {p.name for p in (ROOT / "docs" / "figures").glob("*.svg")}
     assert {p.name for p in tmp_path.glob("*.svg")} == committed
     for name in sorted(committed):
         assert (tmp_path / name).read_bytes() == (ROOT / "docs" / "figures" / name).read_bytes(), (
-            f"docs/figures/{name} is stale: run .venv/bin/python scripts/doc_figures.py")
+            f"docs/figures/{name} is stale: run .venv/bin/python scripts/doc_figures.py"
+        )

@@ -36,9 +36,14 @@ def test_examples(entry):
 def test_q_none_entry_is_the_one_users_search_for():
     entry = errors.get("only-qv/q-none-without-only-qv")
     assert entry["message"]["template"] == "q can only be None when only_qv=True"
-    assert "flash_attn_with_kvcache(q=None, k_cache=kc, v_cache=vc)" in entry["examples"]["trigger"]["code"]
-    assert "only_qv=True, qv=qv" in entry["examples"]["fixed"]["code"] or \
-        "qv=qv, only_qv=True" in entry["examples"]["fixed"]["code"]
+    assert (
+        "flash_attn_with_kvcache(q=None, k_cache=kc, v_cache=vc)"
+        in entry["examples"]["trigger"]["code"]
+    )
+    assert (
+        "only_qv=True, qv=qv" in entry["examples"]["fixed"]["code"]
+        or "qv=qv, only_qv=True" in entry["examples"]["fixed"]["code"]
+    )
     upstream = entry["upstream"]
     assert upstream["repository"] == "sgl-project/sglang"
     assert upstream["path"] == "python/sglang/kernels/aot/python/sgl_kernel/flash_attn.py"
@@ -49,21 +54,29 @@ def test_replicated_qkv_entry_is_shared_with_sglang():
     entry = errors.lookup("Replicated Q, K, and V must be provided together.")
     assert entry["slug"] == "sequence-parallel/replicated-qkv-together"
     assert "replicated_q=rq)" in entry["examples"]["trigger"]["code"]
-    assert entry["upstream"]["path"] == "python/sglang/multimodal_gen/runtime/layers/attention/layer.py"
+    assert (
+        entry["upstream"]["path"]
+        == "python/sglang/multimodal_gen/runtime/layers/attention/layer.py"
+    )
 
 
 def test_upstream_messages_of_the_kvcache_spec_are_all_shared():
     shared = {e["message"]["template"] for e in CATALOG["errors"] if e["upstream"]}
-    for message in ("v_cache must be provided", "k_cache can only be None when only_qv=True",
-                    "q can only be None when only_qv=True",
-                    "q must be provided unless qv is provided with only_qv=True",
-                    "only_qv=True requires qv to be provided", "{name} must have contiguous last dimension"):
+    for message in (
+        "v_cache must be provided",
+        "k_cache can only be None when only_qv=True",
+        "q can only be None when only_qv=True",
+        "q must be provided unless qv is provided with only_qv=True",
+        "only_qv=True requires qv to be provided",
+        "{name} must have contiguous last dimension",
+    ):
         assert message in shared
 
 
 def test_shared_statement_lists_exactly_the_entries_with_upstream():
-    assert CATALOG["upstream_shared"]["ids"] == sorted(e["id"] for e in CATALOG["errors"] if e["upstream"])
-
+    assert CATALOG["upstream_shared"]["ids"] == sorted(
+        e["id"] for e in CATALOG["errors"] if e["upstream"]
+    )
 
 
 def test_example_rules_can_fail():
@@ -76,9 +89,12 @@ def test_example_rules_can_fail():
     problems = example_problems(entry, CATALOG)
     own, other = entry["source"], errors.get("only-qv/k-cache-none-without-only-qv")["source"]
     assert problems == [
-        "trigger: message 'k_cache can only be None when only_qv=True' does not match the entry's regex",
-        "trigger: message 'k_cache can only be None when only_qv=True' also matches only-qv/k-cache-none-without-only-qv",
-        f"trigger: raised at {other['path']}:{other['line']}, expected {own['path']}:{own['line']}-{own['end_line']}",
+        "trigger: message 'k_cache can only be None when only_qv=True' does not match the entry's "
+        "regex",
+        "trigger: message 'k_cache can only be None when only_qv=True' also matches "
+        "only-qv/k-cache-none-without-only-qv",
+        f"trigger: raised at {other['path']}:{other['line']}, expected "
+        f"{own['path']}:{own['line']}-{own['end_line']}",
         "fixed: raised ValueError: v_cache must be provided",
         "recovery: this entry's error was never raised (and recovered from) while it ran",
         "predicate: v_cache_missing(v_cache) gave False, expected True",

@@ -15,26 +15,41 @@ from errors import catalog as cat
 from errors.check import NoHistory, check, git_text, history_problems
 from errors.sync import scan_package, sync, sync_file
 
-SOURCE = textwrap.dedent('''\
+SOURCE = textwrap.dedent("""\
     def check_n(n: int) -> None:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         if n > 9:
             raise ValueError("n is too big")
-    ''')
+    """)
 
 
 def _authored(site, slug):
     eid, basis = cat.entry_id(site.exception, site.message.template)
     code = {"code": "pass\n"}
     return {
-        "id": eid, "id_basis": {"algorithm": "sha256/64", "input": basis}, "slug": slug, "status": "active",
-        "exception": {"type": site.exception}, "message": site.message_json(), "summary": "s",
-        "what_it_means": "m", "when_it_happens": {"trigger": "t", "common_situations": ["c"]},
+        "id": eid,
+        "id_basis": {"algorithm": "sha256/64", "input": basis},
+        "slug": slug,
+        "status": "active",
+        "exception": {"type": site.exception},
+        "message": site.message_json(),
+        "summary": "s",
+        "what_it_means": "m",
+        "when_it_happens": {"trigger": "t", "common_situations": ["c"]},
         "solutions": [{"title": "t", "body": "b"}],
-        "examples": {"trigger": code, "fixed": code, "guard": code, "recovery": code,
-                     "predicate": {"code": "pass\n", "true_cases": ["True"], "false_cases": ["False"]}},
-        "source": site.source_json(), "related": [], "area": "test", "tags": [], "upstream": None,
+        "examples": {
+            "trigger": code,
+            "fixed": code,
+            "guard": code,
+            "recovery": code,
+            "predicate": {"code": "pass\n", "true_cases": ["True"], "false_cases": ["False"]},
+        },
+        "source": site.source_json(),
+        "related": [],
+        "area": "test",
+        "tags": [],
+        "upstream": None,
     }
 
 
@@ -43,16 +58,23 @@ def project(tmp_path):
     (tmp_path / "attn_ref").mkdir()
     (tmp_path / "attn_ref" / "mod.py").write_text(SOURCE)
     sites = scan_package(tmp_path)
-    base = {"$schema": "https://attn-ref.github.io/attn-ref/api/errors/schema.json", "schema_version": 1,
-            "package": "attn-ref", "docs_base_url": "https://example.org/docs", "scope": "test",
-            "errors": [_authored(s, f"test/e{i}") for i, s in enumerate(sites)]}
+    base = {
+        "$schema": "https://attn-ref.github.io/attn-ref/api/errors/schema.json",
+        "schema_version": 1,
+        "package": "attn-ref",
+        "docs_base_url": "https://example.org/docs",
+        "scope": "test",
+        "errors": [_authored(s, f"test/e{i}") for i, s in enumerate(sites)],
+    }
     path = tmp_path / "catalog.json"
     path.write_text(cat.dumps(sync(base, sites, tmp_path).catalog))
     return tmp_path, path
 
 
 def _rules(root, path):
-    return sorted({rule for rule, _, _ in check(root, path, run_examples=False, base=None).problems})
+    return sorted(
+        {rule for rule, _, _ in check(root, path, run_examples=False, base=None).problems}
+    )
 
 
 def _edit(root, old, new):
@@ -74,7 +96,9 @@ def test_moved_raise_is_drift_and_sync_repairs_only_derived_fields(project):
     after = json.loads(path.read_text())
     for old, new in zip(before["errors"], after["errors"]):
         assert new["source"]["line"] == old["source"]["line"] + 1
-        assert {k: v for k, v in new.items() if k != "source"} == {k: v for k, v in old.items() if k != "source"}
+        assert {k: v for k, v in new.items() if k != "source"} == {
+            k: v for k, v in old.items() if k != "source"
+        }
     text = path.read_text()
     sync_file(path, root)
     assert path.read_text() == text  # a second sync changes nothing
@@ -93,10 +117,15 @@ def test_reworded_message_keeps_its_id_and_the_old_wording(project):
 
 def test_new_raise_without_entry_fails(project):
     root, path = project
-    _edit(root, 'raise ValueError("n is too big")', 'raise ValueError("n is too big")\n    raise TypeError("new")')
+    _edit(
+        root,
+        'raise ValueError("n is too big")',
+        'raise ValueError("n is too big")\n    raise TypeError("new")',
+    )
     problems = check(root, path, run_examples=False, base=None).problems
-    assert [(rule, detail.split(":")[0]) for rule, _, detail in problems if rule == "coverage"] == \
-        [("coverage", "raise without a catalog entry")]
+    assert [(rule, detail.split(":")[0]) for rule, _, detail in problems if rule == "coverage"] == [
+        ("coverage", "raise without a catalog entry")
+    ]
 
 
 def test_deleted_raise_fails_until_the_entry_is_marked_removed(project):
@@ -117,7 +146,10 @@ def test_identity_and_schema_rules(project):
     for damage, rule in (
         (lambda c: c["errors"][1].update(slug=c["errors"][0]["slug"]), "ids"),
         (lambda c: c["errors"][0].update(id="0" * 16), "ids"),
-        (lambda c: c["errors"][0]["related"].append({"id": "f" * 16, "relation": "same_area"}), "ids"),
+        (
+            lambda c: c["errors"][0]["related"].append({"id": "f" * 16, "relation": "same_area"}),
+            "ids",
+        ),
         (lambda c: c["errors"][0].update(summary="x" * 81), "schema"),
         (lambda c: c["errors"][0].update(colour="red"), "schema"),
         (lambda c: c["errors"][0].update(solutions=[]), "schema"),
@@ -155,13 +187,19 @@ def test_the_shipped_catalog_detects_a_tampered_line(tmp_path):
     catalog["errors"][0]["source"]["line"] += 1
     path = tmp_path / "catalog.json"
     path.write_text(cat.dumps(catalog))
-    rules = {rule for rule, _, _ in check(catalog_path=path, run_examples=False, base=None).problems}
+    rules = {
+        rule for rule, _, _ in check(catalog_path=path, run_examples=False, base=None).problems
+    }
     assert rules == {"derived", "determinism"}
 
 
 def _git(root, *args):
-    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def test_history_base_unknown_revision_fails_and_no_repository_skips(project):
@@ -184,14 +222,25 @@ def test_history_base_unknown_revision_fails_and_no_repository_skips(project):
 
 def _with_upstream(path, **fields):
     catalog = json.loads(path.read_text())
-    catalog["errors"][0]["upstream"] = {"repository": "sgl-project/sglang", "path": "x.py", "function": "f",
-                                        "note": "Same message.", **fields}
+    catalog["errors"][0]["upstream"] = {
+        "repository": "sgl-project/sglang",
+        "path": "x.py",
+        "function": "f",
+        "note": "Same message.",
+        **fields,
+    }
     path.write_text(cat.dumps(catalog))
 
 
-@pytest.mark.parametrize("fields, ok", [({}, False), ({"commit": "3f1d78438341015afc5ad309b63713c5c68f8de0"}, True),
-                                        ({"unpinned": "the spec pins no commit"}, True),
-                                        ({"commit": "3f1d78438341015afc5ad309b63713c5c68f8de0", "unpinned": "x"}, False)])
+@pytest.mark.parametrize(
+    "fields, ok",
+    [
+        ({}, False),
+        ({"commit": "3f1d78438341015afc5ad309b63713c5c68f8de0"}, True),
+        ({"unpinned": "the spec pins no commit"}, True),
+        ({"commit": "3f1d78438341015afc5ad309b63713c5c68f8de0", "unpinned": "x"}, False),
+    ],
+)
 def test_upstream_notes_say_what_they_were_checked_against(project, fields, ok):
     root, path = project
     _with_upstream(path, **fields)
@@ -217,7 +266,9 @@ def test_external_aliases_are_kept_by_sync_unique_and_never_dropped(project):
     assert _rules(root, path) == ["ids"]
     dropped = copy.deepcopy(synced)
     del dropped["errors"][0]["external_aliases"]
-    assert "external alias f0e8c28e3c1dd042 was dropped" in history_problems(dropped, old_text)[0][1]
+    assert (
+        "external alias f0e8c28e3c1dd042 was dropped" in history_problems(dropped, old_text)[0][1]
+    )
     bad = copy.deepcopy(synced)
     bad["errors"][0]["external_aliases"] = [{"id": "not-hex", "source": "x"}]
     path.write_text(cat.dumps(bad))

@@ -19,13 +19,22 @@ def _run(capsys, *argv):
     return code, out, err
 
 
-@pytest.mark.parametrize("query", [Q_NONE, "only-qv/q-none-without-only-qv", "kvcache/q-none-without-only-qv"])
+@pytest.mark.parametrize(
+    "query", [Q_NONE, "only-qv/q-none-without-only-qv", "kvcache/q-none-without-only-qv"]
+)
 def test_explain_by_message_slug_or_old_slug(capsys, query):
     code, out, err = _run(capsys, "explain", *query.split())
     assert code == 0 and err == ""
     entry = errors.get("only-qv/q-none-without-only-qv")
     assert out.startswith(f"# {entry['slug']}: {entry['summary']}")
-    for section in ("## What it means", "## When it happens", "## Solutions", "## Examples", "## Source", "## Upstream"):
+    for section in (
+        "## What it means",
+        "## When it happens",
+        "## Solutions",
+        "## Examples",
+        "## Source",
+        "## Upstream",
+    ):
         assert section in out
     assert entry["docs_url"] in out
 
@@ -33,17 +42,23 @@ def test_explain_by_message_slug_or_old_slug(capsys, query):
 def test_explain_by_id_and_rendered_message(capsys):
     entry = errors.get("kv-cache/capacity-exceeded")
     assert _run(capsys, "explain", entry["id"])[1].startswith(f"# {entry['slug']}")
-    message = "batch entry 1: cache_seqlens (15) + new tokens (2) exceeds the cache capacity (16 tokens per sequence)"
+    message = (
+        "batch entry 1: cache_seqlens (15) + new tokens (2) exceeds the cache capacity "
+        "(16 tokens per sequence)"
+    )
     assert _run(capsys, "explain", message)[1].startswith(f"# {entry['slug']}")
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["explain", "0123456789abcdef"], "no catalog entry matches"),
-    (["explain", " "], "the query is empty"),
-    (["search", " "], "the search is empty"),
-    (["search", "no-such-word-anywhere"], "no catalog entry contains"),
-    (["scan", "/no/such/path"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["explain", "0123456789abcdef"], "no catalog entry matches"),
+        (["explain", " "], "the query is empty"),
+        (["search", " "], "the search is empty"),
+        (["search", "no-such-word-anywhere"], "no catalog entry contains"),
+        (["scan", "/no/such/path"], "does not exist"),
+    ],
+)
 def test_bad_queries_exit_1_with_one_line(capsys, argv, words):
     code, out, err = _run(capsys, *argv)
     assert code == 1 and out == ""
@@ -75,7 +90,11 @@ def test_list_and_search(capsys):
     assert code == 0 and len(out.splitlines()) == len(rows)
     code, out, _ = _run(capsys, "search", "only_qv", "qv")
     slugs = {line.split()[1] for line in out.splitlines()}
-    assert code == 0 and "only-qv/q-none-without-only-qv" in slugs and "only-qv/only-qv-without-qv" in slugs
+    assert (
+        code == 0
+        and "only-qv/q-none-without-only-qv" in slugs
+        and "only-qv/only-qv-without-qv" in slugs
+    )
 
 
 def test_scan_any_tree(capsys, tmp_path):
@@ -84,11 +103,20 @@ def test_scan_any_tree(capsys, tmp_path):
     assert code == 0 and out == "lib.py:2 f ValueError: bad {x}\n"
     code, out, _ = _run(capsys, "scan", str(tmp_path / "lib.py"), "--json")
     (row,) = json.loads(out)
-    assert (row["exception"], row["template"], row["source"]["line"]) == ("ValueError", "bad {x}", 2)
+    assert (row["exception"], row["template"], row["source"]["line"]) == (
+        "ValueError",
+        "bad {x}",
+        2,
+    )
 
 
 def test_module_entry_point_without_traceback():
-    result = subprocess.run([sys.executable, "-m", "errors", "explain", "no such error"],
-                            capture_output=True, text=True, cwd=cat.ROOT, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "errors", "explain", "no such error"],
+        capture_output=True,
+        text=True,
+        cwd=cat.ROOT,
+        timeout=120,
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr

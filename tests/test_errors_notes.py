@@ -21,14 +21,25 @@ def test_note_names_the_offline_command_and_the_docs_url_and_message_is_unchange
     exc = _q_none_error()
     entry = errors.get("only-qv/q-none-without-only-qv")
     assert str(exc) == "q can only be None when only_qv=True"
-    assert exc.__notes__ == [f"attn-ref error {entry['id']}: {entry['slug']}; run `python -m errors explain "
-                             f"{entry['id']}` or see {entry['docs_url']}"]
-    assert entry["docs_url"] == "https://attn-ref.github.io/attn-ref/errors/only-qv/q-none-without-only-qv/"
+    assert exc.__notes__ == [
+        f"attn-ref error {entry['id']}: {entry['slug']}; run `python -m errors explain "
+        f"{entry['id']}` or see {entry['docs_url']}"
+    ]
+    assert (
+        entry["docs_url"]
+        == "https://attn-ref.github.io/attn-ref/errors/only-qv/q-none-without-only-qv/"
+    )
     assert errors.lookup(exc.__notes__[0]) is entry  # the note pasted back finds its entry
 
 
-@pytest.mark.parametrize("setting, link", [("http://localhost:8000/attn-ref/", "http://localhost:8000/attn-ref/errors/"),
-                                           ("file:///opt/site", "file:///opt/site/errors/"), ("", None)])
+@pytest.mark.parametrize(
+    "setting, link",
+    [
+        ("http://localhost:8000/attn-ref/", "http://localhost:8000/attn-ref/errors/"),
+        ("file:///opt/site", "file:///opt/site/errors/"),
+        ("", None),
+    ],
+)
 def test_docs_url_of_the_note_is_configurable(monkeypatch, setting, link):
     monkeypatch.setenv(DOCS_URL_ENV, setting)
     entry = errors.get("only-qv/q-none-without-only-qv")
@@ -37,7 +48,8 @@ def test_docs_url_of_the_note_is_configurable(monkeypatch, setting, link):
     assert note.endswith(f"{command} or see {link}{entry['slug']}/" if link else command)
     header = errors.explain(entry["id"]).splitlines()[2]
     assert (f"{link}{entry['slug']}/" in header) if link else ("http" not in header)
-    assert entry["docs_url"].startswith("https://attn-ref.github.io/")  # the stored field keeps the published site
+    # the stored field keeps the published site
+    assert entry["docs_url"].startswith("https://attn-ref.github.io/")
 
 
 def test_environment_variable_turns_notes_off(monkeypatch):
@@ -48,7 +60,8 @@ def test_environment_variable_turns_notes_off(monkeypatch):
 def test_errors_not_raised_by_the_package_get_no_note_and_notes_are_not_repeated():
     @catalogued
     def user_code():
-        raise ValueError("q can only be None when only_qv=True")  # same text, but not the package's raise
+        # same text, but not the package's raise
+        raise ValueError("q can only be None when only_qv=True")
 
     with pytest.raises(ValueError) as info:
         user_code()
@@ -56,7 +69,9 @@ def test_errors_not_raised_by_the_package_get_no_note_and_notes_are_not_repeated
 
     @catalogued
     def outer():
-        return flash_attn_with_kvcache(q=None, k_cache=torch.zeros(1, 4, 1, 8), v_cache=torch.zeros(1, 4, 1, 8))
+        return flash_attn_with_kvcache(
+            q=None, k_cache=torch.zeros(1, 4, 1, 8), v_cache=torch.zeros(1, 4, 1, 8)
+        )
 
     with pytest.raises(ValueError) as info:
         outer()

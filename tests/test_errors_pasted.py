@@ -14,7 +14,10 @@ from errors.__main__ import main
 from errors.pasted import read
 
 Q_NONE = "q can only be None when only_qv=True"
-CAPACITY = "batch entry 0: cache_seqlens (8) + new tokens (1) exceeds the cache capacity (8 tokens per sequence)"
+CAPACITY = (
+    "batch entry 0: cache_seqlens (8) + new tokens (1) exceeds the cache capacity "
+    "(8 tokens per sequence)"
+)
 Q_NONE_ID = errors.get("only-qv/q-none-without-only-qv")["id"]
 SP_NOT_A_TENSOR_ID = errors.get("sequence-parallel/not-a-tensor")["id"]
 
@@ -41,7 +44,8 @@ Traceback (most recent call last):
   File "train.py", line 5, in <module>
     ring_attention([1.0], k, v)
 TypeError: q must be a torch.Tensor, got list
-attn-ref error {SP_NOT_A_TENSOR_ID}: sequence-parallel/not-a-tensor; run `python -m errors explain {SP_NOT_A_TENSOR_ID}`
+attn-ref error {SP_NOT_A_TENSOR_ID}: sequence-parallel/not-a-tensor; run `python -m errors explain
+{SP_NOT_A_TENSOR_ID}`
 """
 
 PASTES = [
@@ -51,14 +55,29 @@ PASTES = [
     (f"ValueError('{Q_NONE}')", "only-qv/q-none-without-only-qv"),
     (CHAINED_TRACEBACK, "only-qv/q-none-without-only-qv"),
     (NOTED_TRACEBACK, "sequence-parallel/not-a-tensor"),
-    (f"attn-ref error {Q_NONE_ID}: only-qv/q-none-without-only-qv, see https://example.org/", "only-qv/q-none-without-only-qv"),
+    (
+        f"attn-ref error {Q_NONE_ID}: only-qv/q-none-without-only-qv, see https://example.org/",
+        "only-qv/q-none-without-only-qv",
+    ),
     (f"https://attn-ref.github.io/attn-ref/errors/{Q_NONE_ID}/", "only-qv/q-none-without-only-qv"),
-    (f"https://attn-ref.github.io/attn-ref/api/errors/{Q_NONE_ID}.json", "only-qv/q-none-without-only-qv"),
-    ("https://attn-ref.github.io/attn-ref/errors/only-qv/q-none-without-only-qv/", "only-qv/q-none-without-only-qv"),
-    ("http://localhost:8000/errors/kvcache/q-none-without-only-qv/#solutions", "only-qv/q-none-without-only-qv"),
+    (
+        f"https://attn-ref.github.io/attn-ref/api/errors/{Q_NONE_ID}.json",
+        "only-qv/q-none-without-only-qv",
+    ),
+    (
+        "https://attn-ref.github.io/attn-ref/errors/only-qv/q-none-without-only-qv/",
+        "only-qv/q-none-without-only-qv",
+    ),
+    (
+        "http://localhost:8000/errors/kvcache/q-none-without-only-qv/#solutions",
+        "only-qv/q-none-without-only-qv",
+    ),
     ("f0e8c28e3c1dd042", "only-qv/q-none-without-only-qv"),
     ("7da82cf0c0998327", "sequence-parallel/replicated-qkv-together"),
-    ("AssertionError: v_cache must have contiguous last dimension", "arguments/non-contiguous-last-dim"),
+    (
+        "AssertionError: v_cache must have contiguous last dimension",
+        "arguments/non-contiguous-last-dim",
+    ),
     (f"  {CAPACITY}\n", "kv-cache/capacity-exceeded"),
 ]
 
@@ -73,28 +92,49 @@ def test_lookup_and_explain_read_what_users_paste(capsys, monkeypatch, text, slu
 
 def test_external_aliases_are_recorded_and_shown():
     entry = errors.get("f0e8c28e3c1dd042")
-    assert entry["external_aliases"] == [{"id": "f0e8c28e3c1dd042", "source": "sglang error-explanation page"}]
+    assert entry["external_aliases"] == [
+        {"id": "f0e8c28e3c1dd042", "source": "sglang error-explanation page"}
+    ]
     assert entry["message"]["template"] == Q_NONE
     replicated = errors.get("7da82cf0c0998327")
     assert replicated["message"]["template"] == "Replicated Q, K, and V must be provided together."
-    assert "Also known as `7da82cf0c0998327` (sglang error-explanation page)." in errors.explain("7da82cf0c0998327")
+    assert "Also known as `7da82cf0c0998327` (sglang error-explanation page)." in errors.explain(
+        "7da82cf0c0998327"
+    )
 
 
 def test_the_last_exception_line_counts_and_unknown_notes_are_ignored():
     said = read(CHAINED_TRACEBACK)
     assert (said.id, said.exception_type, said.messages) == (None, "ValueError", [Q_NONE])
-    # a multi-line message, then a note from someone else: every prefix is a candidate, longest first
+    # a multi-line message, then a note from someone else: every prefix is a candidate, longest
+    # first
     said = read("ValueError: first line\nsecond line\nsome other library's note\n")
-    assert said.messages == ["first line\nsecond line\nsome other library's note", "first line\nsecond line",
-                             "first line"]
+    assert said.messages == [
+        "first line\nsecond line\nsome other library's note",
+        "first line\nsecond line",
+        "first line",
+    ]
     # a note that belongs to an earlier exception of a chain does not count for the last one
-    earlier_note = NOTED_TRACEBACK + "\nDuring handling of the above exception, another exception occurred:\n\n" + \
-        f"ValueError: {Q_NONE}\n"
-    assert read(earlier_note).id is None and errors.lookup(earlier_note)["slug"] == "only-qv/q-none-without-only-qv"
+    earlier_note = (
+        NOTED_TRACEBACK
+        + "\nDuring handling of the above exception, another exception occurred:\n\n"
+        + f"ValueError: {Q_NONE}\n"
+    )
+    assert (
+        read(earlier_note).id is None
+        and errors.lookup(earlier_note)["slug"] == "only-qv/q-none-without-only-qv"
+    )
 
 
-@pytest.mark.parametrize("text", ["ValueError: a message nobody raises", "Traceback (most recent call last):\n",
-                                  "ValueError", "https://example.org/errors/0123456789abcdef/"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ValueError: a message nobody raises",
+        "Traceback (most recent call last):\n",
+        "ValueError",
+        "https://example.org/errors/0123456789abcdef/",
+    ],
+)
 def test_pastes_that_fit_nothing(capsys, text):
     assert errors.lookup(text) is None
     assert main(["explain", text]) == 1
@@ -110,5 +150,6 @@ def test_empty_stdin_is_an_empty_query(capsys, monkeypatch):
 
 def test_a_huge_paste_is_answered_quickly():
     started = time.perf_counter()
-    assert errors.lookup("ValueError: " + "batch entry 0: cache_seqlens (" * 5000) is None  # 150,000 characters
+    # 150,000 characters
+    assert errors.lookup("ValueError: " + "batch entry 0: cache_seqlens (" * 5000) is None
     assert time.perf_counter() - started < 5  # about 20 s when the whole line went to the regexes

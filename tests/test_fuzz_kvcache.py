@@ -7,9 +7,9 @@ stride-0 and strided views, tensors that require grad, aliasing between written 
 FA3-normalised values (negative windows, huge chunks, ``rotary_seqlens`` without tables, ...).
 Some mutations are errors, some are calls upstream accepts. The contract checked on every call:
 
-1. a refused call raises ``ValueError`` / ``TypeError`` / ``NotImplementedError`` whose catalog entry
-   (:func:`errors.lookup`, by raise location) is active, of that type, and whose regex matches the
-   message in full, a message that names a parameter (two listed exceptions); nothing else may
+1. a refused call raises ``ValueError`` / ``TypeError`` / ``NotImplementedError`` whose catalog
+   entry (:func:`errors.lookup`, by raise location) is active, of that type, and whose regex matches
+   the message in full, a message that names a parameter (two listed exceptions); nothing else may
    escape (IndexError, RuntimeError, a Triton error, ...);
 2. after a refused call every tensor argument is bit for bit what it was (nothing half-written);
 3. an accepted call matches the dense oracle (FA's tolerance rule with its rounding-noise atol, the
@@ -48,7 +48,9 @@ from tolerance import assert_close_fa, assert_lse_close, assert_one_rounding_apa
 CALLS = int(os.environ.get("ATTN_REF_FUZZ_CALLS", "1000"))
 #: The kernels run in Triton's interpreter on the CPU tensors of the calls (no kernel calls on a
 #: CUDA machine, where CPU tensors cannot be launched on).
-KERNEL_CALLS = 0 if torch.cuda.is_available() else int(os.environ.get("ATTN_REF_FUZZ_KERNEL_CALLS", "100"))
+KERNEL_CALLS = (
+    0 if torch.cuda.is_available() else int(os.environ.get("ATTN_REF_FUZZ_KERNEL_CALLS", "100"))
+)
 SEED = int(os.environ.get("ATTN_REF_FUZZ_SEED", "0"))
 CATALOGUED = (ValueError, TypeError, NotImplementedError)
 PARAMETERS = list(inspect.signature(attn_ref.flash_attn_with_kvcache).parameters)
@@ -75,16 +77,32 @@ def valid_call(rng: random.Random) -> dict:
     window = rng.choice([(-1, -1), (-1, -1), (2, 0), (1, 3), (3, -1)])
     seqlen_new = rng.choice([None, 0, 1, 2])
     return make_case(
-        batch=rng.randint(1, 3), seqlen_q=rng.randint(0, 4), seqlen_new=seqlen_new,
-        capacity=rng.randint(max(1, seqlen_new or 0), 12), heads=heads_k * rng.choice([1, 2, 3]), heads_k=heads_k, d=d,
-        dv=rng.choice([d, d, 16, 40]), dtype=dtype, page_size=rng.choice([None, None, 1, 2, 3, 4]),
-        leftpad=rng.random() < 0.3, batch_idx=rng.random() < 0.3, varlen_q=rng.random() < 0.3,
-        varlen_new=rng.random() < 0.3, rotary_dim=16 if d >= 16 and rng.random() < 0.3 else 0,
-        rotary_interleaved=rng.random() < 0.5, rotary_seqlens=rng.random() < 0.3,
-        causal=rng.random() < 0.4, window=window, chunk=rng.choice([None, None, 3, 5]),
-        softcap=rng.choice([0.0, 0.0, 5.0]), sinks=rng.random() < 0.2,
-        qv=only_qv or (rng.random() < 0.15 and dtype != FP8), only_qv=only_qv,
-        placeholders=only_qv and rng.random() < 0.5, descale=rng.random() < 0.5,
+        batch=rng.randint(1, 3),
+        seqlen_q=rng.randint(0, 4),
+        seqlen_new=seqlen_new,
+        capacity=rng.randint(max(1, seqlen_new or 0), 12),
+        heads=heads_k * rng.choice([1, 2, 3]),
+        heads_k=heads_k,
+        d=d,
+        dv=rng.choice([d, d, 16, 40]),
+        dtype=dtype,
+        page_size=rng.choice([None, None, 1, 2, 3, 4]),
+        leftpad=rng.random() < 0.3,
+        batch_idx=rng.random() < 0.3,
+        varlen_q=rng.random() < 0.3,
+        varlen_new=rng.random() < 0.3,
+        rotary_dim=16 if d >= 16 and rng.random() < 0.3 else 0,
+        rotary_interleaved=rng.random() < 0.5,
+        rotary_seqlens=rng.random() < 0.3,
+        causal=rng.random() < 0.4,
+        window=window,
+        chunk=rng.choice([None, None, 3, 5]),
+        softcap=rng.choice([0.0, 0.0, 5.0]),
+        sinks=rng.random() < 0.2,
+        qv=only_qv or (rng.random() < 0.15 and dtype != FP8),
+        only_qv=only_qv,
+        placeholders=only_qv and rng.random() < 0.5,
+        descale=rng.random() < 0.5,
         seed=rng.randrange(2**31),
     )
 
@@ -104,27 +122,117 @@ def m_python_type(rng, args):
 
 
 def m_scalar(rng, args):
-    name, values = rng.choice([
-        ("softmax_scale", [None, "x", True, float("nan"), float("inf"), -float("inf"), 1e38, 1e39, 0.0, -0.5, 2,
-                           np.float32(0.25), 1e5]),
-        ("softcap", [None, float("nan"), float("inf"), -1.0, 0, 1e-50, 1e6, 1e10, 30.0, "x", True, 1e39]),
-        ("window_size", [(1,), None, 8, (1.9, -1), (True, -1), (10**30, -1), (-2, 0), [2, 0], torch.tensor([2, 0]),
-                         (2, 0, 5), (2**62, -1), (-1, 2**40), torch.tensor([2.0, 0.0]), (np.int64(1), 0)]),
-        ("attention_chunk", [None, 0, -4, 3, 3.7, "x", 2**70, 2**62, float("inf"), float("nan"), torch.tensor(3),
-                             True, torch.tensor([2, 3])]),
-        ("num_splits", [0, 1, 3, 256, 257, -1, True, 2.0, 2**70, np.int64(2), None]),
-        ("ver", [3, 4, "3", None, 3.0, torch.tensor([3, 3]), np.int64(3)]),
-        ("max_seqlen_q", [None, 3.0, True, -1, 10**30, 0, 100, "3"]),
-        ("causal", [True, False, "False", None, torch.tensor([1, 0]), 1, 2, 0.0, torch.tensor(True), np.bool_(True)]),
-        ("only_qv", [True, False, None, "x", torch.tensor([1, 1]), 0]),
-        ("rotary_interleaved", [False, "yes", torch.tensor(0), 3]),
-    ])
+    name, values = rng.choice(
+        [
+            (
+                "softmax_scale",
+                [
+                    None,
+                    "x",
+                    True,
+                    float("nan"),
+                    float("inf"),
+                    -float("inf"),
+                    1e38,
+                    1e39,
+                    0.0,
+                    -0.5,
+                    2,
+                    np.float32(0.25),
+                    1e5,
+                ],
+            ),
+            (
+                "softcap",
+                [
+                    None,
+                    float("nan"),
+                    float("inf"),
+                    -1.0,
+                    0,
+                    1e-50,
+                    1e6,
+                    1e10,
+                    30.0,
+                    "x",
+                    True,
+                    1e39,
+                ],
+            ),
+            (
+                "window_size",
+                [
+                    (1,),
+                    None,
+                    8,
+                    (1.9, -1),
+                    (True, -1),
+                    (10**30, -1),
+                    (-2, 0),
+                    [2, 0],
+                    torch.tensor([2, 0]),
+                    (2, 0, 5),
+                    (2**62, -1),
+                    (-1, 2**40),
+                    torch.tensor([2.0, 0.0]),
+                    (np.int64(1), 0),
+                ],
+            ),
+            (
+                "attention_chunk",
+                [
+                    None,
+                    0,
+                    -4,
+                    3,
+                    3.7,
+                    "x",
+                    2**70,
+                    2**62,
+                    float("inf"),
+                    float("nan"),
+                    torch.tensor(3),
+                    True,
+                    torch.tensor([2, 3]),
+                ],
+            ),
+            ("num_splits", [0, 1, 3, 256, 257, -1, True, 2.0, 2**70, np.int64(2), None]),
+            ("ver", [3, 4, "3", None, 3.0, torch.tensor([3, 3]), np.int64(3)]),
+            ("max_seqlen_q", [None, 3.0, True, -1, 10**30, 0, 100, "3"]),
+            (
+                "causal",
+                [
+                    True,
+                    False,
+                    "False",
+                    None,
+                    torch.tensor([1, 0]),
+                    1,
+                    2,
+                    0.0,
+                    torch.tensor(True),
+                    np.bool_(True),
+                ],
+            ),
+            ("only_qv", [True, False, None, "x", torch.tensor([1, 1]), 0]),
+            ("rotary_interleaved", [False, "yes", torch.tensor(0), 3]),
+        ]
+    )
     args[name] = rng.choice(values)
 
 
 def m_index(rng, args):
-    name = rng.choice(["cache_seqlens", "cache_leftpad", "cache_batch_idx", "page_table", "cu_seqlens_q",
-                       "cu_seqlens_k_new", "rotary_seqlens"])
+    name = rng.choice(
+        [
+            "cache_seqlens",
+            "cache_leftpad",
+            "cache_batch_idx",
+            "page_table",
+            "cu_seqlens_q",
+            "cu_seqlens_k_new",
+            "rotary_seqlens",
+        ]
+    )
     x = args.get(name)
     if not isinstance(x, torch.Tensor):
         if name == "cache_seqlens":
@@ -132,8 +240,10 @@ def m_index(rng, args):
         elif name == "rotary_seqlens":
             args[name] = torch.tensor([rng.randint(-3, 20)] * _batch(args), dtype=I32)
         elif name == "cache_batch_idx":
-            args[name] = torch.tensor([rng.randint(-1, 3) for _ in range(_batch(args) + rng.choice([0, 0, 1, -1]))],
-                                      dtype=I32)
+            args[name] = torch.tensor(
+                [rng.randint(-1, 3) for _ in range(_batch(args) + rng.choice([0, 0, 1, -1]))],
+                dtype=I32,
+            )
         return
     kind = rng.choice(["value", "value", "dtype", "shape", "zero_d", "float"])
     if kind == "value" and x.numel():
@@ -151,7 +261,9 @@ def m_index(rng, args):
 
 
 def m_structure(rng, args):
-    name = _pick(rng, args, ["q", "k_cache", "v_cache", "k", "v", "qv", "out", "sinks", "rotary_cos"])
+    name = _pick(
+        rng, args, ["q", "k_cache", "v_cache", "k", "v", "qv", "out", "sinks", "rotary_cos"]
+    )
     if name is None:
         return
     x = args[name]
@@ -163,8 +275,11 @@ def m_structure(rng, args):
     elif kind == "dtype":
         args[name] = x.to(rng.choice([torch.float64, torch.int32, torch.float16, torch.bfloat16]))
     elif kind == "strided" and x.dim():
-        args[name] = torch.repeat_interleave(x, 2, dim=-1)[..., ::2] if rng.random() < 0.5 else \
-            torch.repeat_interleave(x, 2, dim=0)[::2]
+        args[name] = (
+            torch.repeat_interleave(x, 2, dim=-1)[..., ::2]
+            if rng.random() < 0.5
+            else torch.repeat_interleave(x, 2, dim=0)[::2]
+        )
     elif kind == "expand" and x.dim() and x.shape[0]:
         args[name] = x[:1].expand(x.shape[0], *x.shape[1:])
     elif kind == "empty" and x.dim() >= 2:
@@ -177,8 +292,14 @@ def m_structure(rng, args):
 
 
 def m_alias(rng, args):
-    choices = [("v_cache", "k_cache"), ("out", "q"), ("out", "v_cache"), ("out", "qv"), ("k", "v"),
-               ("rotary_sin", "rotary_cos")]
+    choices = [
+        ("v_cache", "k_cache"),
+        ("out", "q"),
+        ("out", "v_cache"),
+        ("out", "qv"),
+        ("k", "v"),
+        ("rotary_sin", "rotary_cos"),
+    ]
     target, source = rng.choice(choices)
     if isinstance(args.get(source), torch.Tensor):
         args[target] = args[source]
@@ -188,8 +309,13 @@ def m_shared_buffer(rng, args):
     """K and V caches as views of one buffer: interleaved (distinct elements: fine even when
     appending), or V inside K (MLA's latent layout: fine only without appending)."""
     k_cache, v_cache = args.get("k_cache"), args.get("v_cache")
-    if not (isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor) and k_cache.dim() == 4
-            and v_cache.dim() == 4 and k_cache.shape[:3] == v_cache.shape[:3]):
+    if not (
+        isinstance(k_cache, torch.Tensor)
+        and isinstance(v_cache, torch.Tensor)
+        and k_cache.dim() == 4
+        and v_cache.dim() == 4
+        and k_cache.shape[:3] == v_cache.shape[:3]
+    ):
         return
     if rng.random() < 0.5 and k_cache.shape == v_cache.shape:
         dim = rng.choice([0, 1, 2, 3])  # never the last: the head dim stays contiguous
@@ -202,7 +328,11 @@ def m_shared_buffer(rng, args):
 def m_out(rng, args):
     q = args.get("q") if isinstance(args.get("q"), torch.Tensor) else args.get("qv")
     v_cache = args.get("v_cache")
-    if not isinstance(q, torch.Tensor) or not isinstance(v_cache, torch.Tensor) or v_cache.dim() != 4:
+    if (
+        not isinstance(q, torch.Tensor)
+        or not isinstance(v_cache, torch.Tensor)
+        or v_cache.dim() != 4
+    ):
         return
     dtype = torch.bfloat16 if q.dtype == FP8 else q.dtype
     out = torch.zeros(*q.shape[:-1], v_cache.shape[-1], dtype=dtype)
@@ -219,7 +349,9 @@ def m_out(rng, args):
 
 
 def m_rotary(rng, args):
-    kind = rng.choice(["short", "dim", "int", "only_sin", "only_cos", "seqlens_alone", "seqlens_is_cache"])
+    kind = rng.choice(
+        ["short", "dim", "int", "only_sin", "only_cos", "seqlens_alone", "seqlens_is_cache"]
+    )
     cos, sin = args.get("rotary_cos"), args.get("rotary_sin")
     tables = all(isinstance(x, torch.Tensor) and x.dim() == 2 for x in (cos, sin))
     if kind == "short" and tables:
@@ -241,11 +373,17 @@ def m_rotary(rng, args):
 
 
 def m_misc(rng, args):
-    kind = rng.choice(["sinks", "descale", "drop_k", "drop_v", "qv_list", "descale_type", "cu_k_alone"])
+    kind = rng.choice(
+        ["sinks", "descale", "drop_k", "drop_v", "qv_list", "descale_type", "cu_k_alone"]
+    )
     if kind == "sinks":
-        args["sinks"] = rng.choice([torch.zeros(1), torch.zeros(3, dtype=I32), [0.0], torch.full((64,), 1.0)])
+        args["sinks"] = rng.choice(
+            [torch.zeros(1), torch.zeros(3, dtype=I32), [0.0], torch.full((64,), 1.0)]
+        )
     elif kind == "descale":
-        args["q_descale"] = rng.choice([torch.ones(1, 1), torch.ones(3, 2, dtype=torch.float64), torch.ones(7)])
+        args["q_descale"] = rng.choice(
+            [torch.ones(1, 1), torch.ones(3, 2, dtype=torch.float64), torch.ones(7)]
+        )
     elif kind == "descale_type":
         args["k_descale"] = 1.0
     elif kind == "drop_k":
@@ -258,8 +396,21 @@ def m_misc(rng, args):
         args["cu_seqlens_k_new"] = torch.tensor([0, 1], dtype=I32)
 
 
-MUTATIONS = [m_python_type, m_scalar, m_scalar, m_scalar, m_index, m_index, m_structure, m_structure, m_alias,
-             m_shared_buffer, m_out, m_rotary, m_misc]
+MUTATIONS = [
+    m_python_type,
+    m_scalar,
+    m_scalar,
+    m_scalar,
+    m_index,
+    m_index,
+    m_structure,
+    m_structure,
+    m_alias,
+    m_shared_buffer,
+    m_out,
+    m_rotary,
+    m_misc,
+]
 
 
 def _batch(args) -> int:
@@ -298,7 +449,11 @@ def snapshot(args: dict) -> dict:
 
 def unchanged(args: dict, before: dict, names) -> list[str]:
     """Names among ``names`` whose tensor is not bit for bit what ``before`` recorded."""
-    return [k for k in names if args[k].device.type != "meta" and not torch.equal(_bits(args[k]), before[k])]
+    return [
+        k
+        for k in names
+        if args[k].device.type != "meta" and not torch.equal(_bits(args[k]), before[k])
+    ]
 
 
 def copy_args(args: dict) -> dict:
@@ -328,23 +483,42 @@ def refusal_problems(exc: BaseException) -> list[str]:
     if not isinstance(exc, CATALOGUED):
         return [f"uncatalogued exception type {type(exc).__name__}: {exc}"]
     entry = errors.lookup(exc, CATALOG)
-    if entry is None or entry["status"] != "active" or entry["exception"]["type"] != type(exc).__name__:
+    if (
+        entry is None
+        or entry["status"] != "active"
+        or entry["exception"]["type"] != type(exc).__name__
+    ):
         return [f"no active catalog entry for {type(exc).__name__}: {exc}"]
     if not re.fullmatch(entry["message"]["regex"], str(exc)):
         return [f"message does not match the regex of {entry['slug']}: {exc}"]
-    if entry["slug"] not in UNNAMED and not any(re.search(rf"\b{p}\b", str(exc)) for p in PARAMETERS):
+    if entry["slug"] not in UNNAMED and not any(
+        re.search(rf"\b{p}\b", str(exc)) for p in PARAMETERS
+    ):
         return [f"message names no argument ({entry['slug']}): {exc}"]
     return []
 
 
 def oracle_problems(args: dict, before_args: dict, result) -> list[str]:
     """An accepted call against the oracle run on the pre-call copy ``before_args``."""
-    oracle_args = {k: v for k, v in before_args.items()
-                   if k not in ("num_splits", "ver", "scheduler_metadata", "pack_gqa", "sm_margin", "out")}
+    oracle_args = {
+        k: v
+        for k, v in before_args.items()
+        if k not in ("num_splits", "ver", "scheduler_metadata", "pack_gqa", "sm_margin", "out")
+    }
     try:
-        ref = kvcache_oracle(**{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in oracle_args.items()})
-        lowp = kvcache_oracle(**{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in oracle_args.items()},
-                              upcast=False)
+        ref = kvcache_oracle(
+            **{
+                k: (v.detach() if isinstance(v, torch.Tensor) else v)
+                for k, v in oracle_args.items()
+            }
+        )
+        lowp = kvcache_oracle(
+            **{
+                k: (v.detach() if isinstance(v, torch.Tensor) else v)
+                for k, v in oracle_args.items()
+            },
+            upcast=False,
+        )
         out, lse = result[0].detach(), result[1].detach()
         scores_from = before_args.get("qv") if before_args.get("only_qv") else before_args.get("q")
         fp8 = isinstance(scores_from, torch.Tensor) and scores_from.dtype == FP8
@@ -357,7 +531,9 @@ def oracle_problems(args: dict, before_args: dict, result) -> list[str]:
         assert torch.equal(_bits(args["v_cache"]), _bits(ref.v_cache)), "v_cache after the call"
         if isinstance(args.get("k_cache"), torch.Tensor):
             if before_args.get("rotary_cos") is None or before_args.get("k") is None:
-                assert torch.equal(_bits(args["k_cache"]), _bits(ref.k_cache)), "k_cache after the call"
+                assert torch.equal(_bits(args["k_cache"]), _bits(ref.k_cache)), (
+                    "k_cache after the call"
+                )
             else:
                 assert_one_rounding_apart(args["k_cache"].detach(), ref.k_cache)
     except AssertionError as exc:
@@ -380,19 +556,28 @@ def check_call(args: dict, on_kernels: bool) -> tuple[str, list[str]]:
         label = type(value).__name__
     else:
         written = {"k_cache", "v_cache", "out"}
-        problems += [f"{n} changed but is not written" for n in unchanged(args, before, set(before) - written)]
+        problems += [
+            f"{n} changed but is not written"
+            for n in unchanged(args, before, set(before) - written)
+        ]
         problems += oracle_problems(args, pristine, value)
         label = "accepted"
     if on_kernels:
         k_kind, k_value = outcome(kernels.flash_attn_with_kvcache, kernel_args)
         if k_kind != kind:
-            problems.append(f"reference {kind} ({value if kind == 'error' else ''}) but kernels {k_kind} "
-                            f"({k_value if k_kind == 'error' else ''})")
+            problems.append(
+                f"reference {kind} ({value if kind == 'error' else ''}) but kernels {k_kind} "
+                f"({k_value if k_kind == 'error' else ''})"
+            )
         elif kind == "error" and (type(k_value) is not type(value) or str(k_value) != str(value)):
-            problems.append(f"different errors: reference {type(value).__name__}: {value}; "
-                            f"kernels {type(k_value).__name__}: {k_value}")
+            problems.append(
+                f"different errors: reference {type(value).__name__}: {value}; "
+                f"kernels {type(k_value).__name__}: {k_value}"
+            )
         elif kind == "ok":
-            problems += [f"kernels: {p}" for p in oracle_problems(kernel_args, copy_args(pristine), k_value)]
+            problems += [
+                f"kernels: {p}" for p in oracle_problems(kernel_args, copy_args(pristine), k_value)
+            ]
     return label, problems
 
 
@@ -415,9 +600,14 @@ def fuzz(calls: int, kernel_calls: int, seed: int) -> dict:
 def test_fuzz_contract():
     report = fuzz(CALLS, KERNEL_CALLS, SEED)
     refused = sum(v for k, v in report["stats"].items() if k.endswith("Error"))
-    print(f"\nfuzz: seed {SEED}, {CALLS} calls, {report['stats'].get('accepted', 0)} accepted, {refused} refused "
-          f"{ {k: v for k, v in report['stats'].items() if k.endswith('Error')} }, "
-          f"{report['stats']['kernel_calls']} also on the kernels, {len(report['violations'])} violations, "
-          f"{report['stats']['seconds']} s")
+    print(
+        f"\nfuzz: seed {SEED}, {CALLS} calls, {report['stats'].get('accepted', 0)} accepted, "
+        f"{refused} refused "
+        f"{ {k: v for k, v in report['stats'].items() if k.endswith('Error')} }, "
+        f"{report['stats']['kernel_calls']} also on the kernels, {len(report['violations'])} "
+        "violations, "
+        f"{report['stats']['seconds']} s"
+    )
     assert not report["violations"], "\n".join(report["violations"][:20])
-    assert report["stats"].get("accepted", 0) > CALLS // 10 and refused > CALLS // 10  # both sides exercised
+    # both sides exercised
+    assert report["stats"].get("accepted", 0) > CALLS // 10 and refused > CALLS // 10

@@ -92,8 +92,14 @@ def run_with_first_on_path(folder: Path) -> list[str]:
     script = folder / "user_script.py"
     script.write_text(CHECKS)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, str(script)], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
 
@@ -113,7 +119,8 @@ def test_user_modules_named_errors_and_kernels(tmp_path):
 
 
 def test_hugging_face_kernels_first(tmp_path):
-    """A stand-in ``kernels`` distribution (package and metadata, as pip installs HF's) wins the name."""
+    """A stand-in ``kernels`` distribution (package and metadata, as pip installs HF's) wins the
+    name."""
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "__init__.py").write_text(HUB_KERNELS_STAND_IN)
     info = tmp_path / "kernels-0.18.2.dist-info"
@@ -132,12 +139,19 @@ def test_hugging_face_kernels_first(tmp_path):
 
 
 def test_kernels_name_clash_is_explained():
-    transformers_message = pytest.importorskip("transformers.integrations.hub_kernels")._MISSING_KERNELS_MESSAGE
+    transformers_message = pytest.importorskip(
+        "transformers.integrations.hub_kernels"
+    )._MISSING_KERNELS_MESSAGE
     with pytest.raises(ImportError) as info:
         check_hub_kernels()  # here `kernels` is attn-ref's
     assert isinstance(info.value, KernelsNameTaken) and str(info.value) == transformers_message
     pasted = f"ImportError: {transformers_message}"
-    explained = subprocess.run([sys.executable, "-m", "errors", "explain", pasted], cwd=ROOT, capture_output=True,
-                               text=True, timeout=60)
+    explained = subprocess.run(
+        [sys.executable, "-m", "errors", "explain", pasted],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert explained.returncode == 0 and "environment/kernels-name-clash" in explained.stdout
     assert errors.lookup(pasted)["slug"] == "environment/kernels-name-clash"

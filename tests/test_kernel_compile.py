@@ -33,38 +33,156 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 #: branch of the kernels: dtypes, paged/contiguous, decode/prefill tiles, masks, softcap, qv,
 #: only_qv, rotary (both layouts, fixed and moving positions), sinks, descale, splits.
 VARIANTS = {
-    "decode_bf16_gqa_paged64_split": (dict(dtype=BF16, heads=32, heads_k=8, d=128, seqlen_q=1, seqlen_new=1,
-                                           capacity=512, page_size=64), dict(num_splits=4)),
-    "decode_fp16_mha_contiguous": (dict(dtype=FP16, heads=8, heads_k=8, d=128, seqlen_q=1, capacity=256),
-                                   dict(num_splits=1)),
-    "prefill_bf16_gqa_causal_paged": (dict(dtype=BF16, heads=32, heads_k=8, d=128, seqlen_q=256, seqlen_new=256,
-                                           capacity=1024, page_size=64, causal=True), dict(num_splits=1)),
-    "prefill_fp16_window_chunk_softcap_sinks": (dict(dtype=FP16, heads=6, heads_k=2, d=64, seqlen_q=64,
-                                                     seqlen_new=8, capacity=256, window=(40, 3), chunk=32,
-                                                     softcap=5.0, sinks=True, leftpad=True, batch_idx=True),
-                                                dict(num_splits=2)),
-    "fp32_varlen_ieee": (dict(dtype=FP32, heads=4, heads_k=2, d=64, seqlen_q=9, seqlen_new=3, varlen_q=True,
-                              varlen_new=True, capacity=64, causal=True), dict(num_splits=1)),
-    "mqa_odd_heads_d256": (dict(dtype=BF16, heads=5, heads_k=1, d=256, seqlen_q=32, capacity=128, causal=True),
-                           dict(num_splits=1)),
-    "qv_mla_bf16": (dict(dtype=BF16, heads=16, heads_k=1, d=64, dv=512, qv=True, seqlen_q=1, capacity=256,
-                         page_size=64), dict(num_splits=3)),
-    "only_qv_fp16": (dict(dtype=FP16, heads=16, heads_k=1, d=64, dv=256, only_qv=True, seqlen_q=2, capacity=128),
-                     dict(num_splits=1)),
-    "rotary_gptj_causal_bf16": (dict(dtype=BF16, heads=8, heads_k=2, d=128, rotary_dim=64, seqlen_q=4,
-                                     seqlen_new=4, capacity=128, causal=True, page_size=16), dict(num_splits=1)),
-    "rotary_neox_fixed_fp16": (dict(dtype=FP16, heads=8, heads_k=2, d=64, rotary_dim=64, rotary_interleaved=False,
-                                    seqlen_q=1, seqlen_new=1, capacity=128), dict(num_splits=1)),
-    "fp8_descale_rotary_split": (dict(dtype=FP8, heads=32, heads_k=8, d=128, rotary_dim=128, seqlen_q=1,
-                                      seqlen_new=1, capacity=256, page_size=64, descale=True), dict(num_splits=2)),
-    "fp8_prefill_causal": (dict(dtype=FP8, heads=32, heads_k=8, d=128, seqlen_q=128, capacity=256, causal=True,
-                                descale=True), dict(num_splits=1)),
+    "decode_bf16_gqa_paged64_split": (
+        dict(
+            dtype=BF16,
+            heads=32,
+            heads_k=8,
+            d=128,
+            seqlen_q=1,
+            seqlen_new=1,
+            capacity=512,
+            page_size=64,
+        ),
+        dict(num_splits=4),
+    ),
+    "decode_fp16_mha_contiguous": (
+        dict(dtype=FP16, heads=8, heads_k=8, d=128, seqlen_q=1, capacity=256),
+        dict(num_splits=1),
+    ),
+    "prefill_bf16_gqa_causal_paged": (
+        dict(
+            dtype=BF16,
+            heads=32,
+            heads_k=8,
+            d=128,
+            seqlen_q=256,
+            seqlen_new=256,
+            capacity=1024,
+            page_size=64,
+            causal=True,
+        ),
+        dict(num_splits=1),
+    ),
+    "prefill_fp16_window_chunk_softcap_sinks": (
+        dict(
+            dtype=FP16,
+            heads=6,
+            heads_k=2,
+            d=64,
+            seqlen_q=64,
+            seqlen_new=8,
+            capacity=256,
+            window=(40, 3),
+            chunk=32,
+            softcap=5.0,
+            sinks=True,
+            leftpad=True,
+            batch_idx=True,
+        ),
+        dict(num_splits=2),
+    ),
+    "fp32_varlen_ieee": (
+        dict(
+            dtype=FP32,
+            heads=4,
+            heads_k=2,
+            d=64,
+            seqlen_q=9,
+            seqlen_new=3,
+            varlen_q=True,
+            varlen_new=True,
+            capacity=64,
+            causal=True,
+        ),
+        dict(num_splits=1),
+    ),
+    "mqa_odd_heads_d256": (
+        dict(dtype=BF16, heads=5, heads_k=1, d=256, seqlen_q=32, capacity=128, causal=True),
+        dict(num_splits=1),
+    ),
+    "qv_mla_bf16": (
+        dict(
+            dtype=BF16,
+            heads=16,
+            heads_k=1,
+            d=64,
+            dv=512,
+            qv=True,
+            seqlen_q=1,
+            capacity=256,
+            page_size=64,
+        ),
+        dict(num_splits=3),
+    ),
+    "only_qv_fp16": (
+        dict(dtype=FP16, heads=16, heads_k=1, d=64, dv=256, only_qv=True, seqlen_q=2, capacity=128),
+        dict(num_splits=1),
+    ),
+    "rotary_gptj_causal_bf16": (
+        dict(
+            dtype=BF16,
+            heads=8,
+            heads_k=2,
+            d=128,
+            rotary_dim=64,
+            seqlen_q=4,
+            seqlen_new=4,
+            capacity=128,
+            causal=True,
+            page_size=16,
+        ),
+        dict(num_splits=1),
+    ),
+    "rotary_neox_fixed_fp16": (
+        dict(
+            dtype=FP16,
+            heads=8,
+            heads_k=2,
+            d=64,
+            rotary_dim=64,
+            rotary_interleaved=False,
+            seqlen_q=1,
+            seqlen_new=1,
+            capacity=128,
+        ),
+        dict(num_splits=1),
+    ),
+    "fp8_descale_rotary_split": (
+        dict(
+            dtype=FP8,
+            heads=32,
+            heads_k=8,
+            d=128,
+            rotary_dim=128,
+            seqlen_q=1,
+            seqlen_new=1,
+            capacity=256,
+            page_size=64,
+            descale=True,
+        ),
+        dict(num_splits=2),
+    ),
+    "fp8_prefill_causal": (
+        dict(
+            dtype=FP8,
+            heads=32,
+            heads_k=8,
+            d=128,
+            seqlen_q=128,
+            capacity=256,
+            causal=True,
+            descale=True,
+        ),
+        dict(num_splits=1),
+    ),
 }
 ARCHS = [90, 80]
 
 
 def _variant_launches(case: dict, knobs: dict, value_checks: bool = True):
-    """The launches ``kernels.flash_attn_with_kvcache`` runs for one call, plus a standalone merge."""
+    """The launches ``kernels.flash_attn_with_kvcache`` runs for one call, plus a standalone
+    merge."""
     from attn_ref.validation import check_kvcache_args
     from kernels.kvcache import plan_kvcache
     from kernels.merge import plan_merge
@@ -72,9 +190,13 @@ def _variant_launches(case: dict, knobs: dict, value_checks: bool = True):
 
     args = make_case(**case)
     if args.get("cache_seqlens") is not None and args.get("k") is None:
-        args["cache_seqlens"] = torch.full_like(args["cache_seqlens"], case["capacity"])  # long contexts
-    launches, (out, lse, _, _) = plan_kvcache(check_kvcache_args(**args, **knobs, value_checks=value_checks))
-    states = torch.zeros(2, 1, 1, 15, 64)  # merge_attention_states: two fp32 states (A0, A1, A2, dim)
+        # long contexts
+        args["cache_seqlens"] = torch.full_like(args["cache_seqlens"], case["capacity"])
+    launches, (out, lse, _, _) = plan_kvcache(
+        check_kvcache_args(**args, **knobs, value_checks=value_checks)
+    )
+    # merge_attention_states: two fp32 states (A0, A1, A2, dim)
+    states = torch.zeros(2, 1, 1, 15, 64)
     lses = torch.zeros(2, 1, 1, 15)
     merged, merged_lse = torch.empty(1, 1, 15, 64, dtype=out.dtype), torch.empty(1, 1, 15)
     launches.append(plan_merge(states[0], lses[0], states[1:], lses[1:], merged, merged_lse))
@@ -82,7 +204,8 @@ def _variant_launches(case: dict, knobs: dict, value_checks: bool = True):
 
 
 def compile_all(arch: int) -> dict[str, str]:
-    """Compile every variant for ``cuda`` ``arch``; returns ``{variant/kernel: "ok" or the error}``."""
+    """Compile every variant for ``cuda`` ``arch``; returns ``{variant/kernel: "ok" or the
+    error}``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -93,16 +216,24 @@ def compile_all(arch: int) -> dict[str, str]:
             continue
         for launch in _variant_launches(case, knobs):
             signature, constexprs, attrs = launch_signature(launch)
-            key = (launch.kernel.__name__, json.dumps(signature, sort_keys=True),
-                   repr(sorted(constexprs.items(), key=repr)))
+            key = (
+                launch.kernel.__name__,
+                json.dumps(signature, sort_keys=True),
+                repr(sorted(constexprs.items(), key=repr)),
+            )
             if key in seen:
                 continue
             seen.add(key)
             label = f"{name}/{launch.kernel.__name__}"
             try:
-                source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-                compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                                          options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+                source = ASTSource(
+                    fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs
+                )
+                compiled = triton.compile(
+                    source,
+                    target=GPUTarget("cuda", arch, 32),
+                    options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages),
+                )
                 assert compiled.asm.get("cubin"), "no cubin produced"
                 results[label] = "ok"
             except Exception as error:  # reported per variant by the test below
@@ -114,29 +245,45 @@ def compile_all(arch: int) -> dict[str, str]:
 def test_every_kernel_variant_compiles(arch):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     tests_dir = Path(__file__).parent
-    env["PYTHONPATH"] = os.pathsep.join([str(tests_dir), str(tests_dir.parent), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, __file__, str(arch)], env=env, capture_output=True, text=True,
-                          timeout=500)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(tests_dir), str(tests_dir.parent), env.get("PYTHONPATH", "")]
+    )
+    done = subprocess.run(
+        [sys.executable, __file__, str(arch)], env=env, capture_output=True, text=True, timeout=500
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     failed = {label: error for label, error in results.items() if error != "ok"}
     assert not failed, "\n\n".join(f"{label}: {error}" for label, error in failed.items())
     kernels_compiled = {label.split("/")[1] for label in results}
-    assert kernels_compiled == {"_append_kv_entry_kernel", "_split_states_kernel", "_merge_states_kernel"}, results
+    assert kernels_compiled == {
+        "_append_kv_entry_kernel",
+        "_split_states_kernel",
+        "_merge_states_kernel",
+    }, results
 
 
 def test_calls_without_value_checks_plan_the_same_launches():
     """Kernels, grids, warps, stages, constexprs and runtime arguments (tensor dtypes and 16-byte
     alignment, every int and float) are those of the checked call."""
+
     def argument(x):
         if isinstance(x, tuple):  # an argument group
             return tuple(argument(y) for y in x)
         return (x.dtype, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x
 
     def planned(case, knobs, value_checks):
-        return [(launch.kernel.__name__, launch.grid, launch.num_warps, launch.num_stages, launch.constexprs,
-                 {name: argument(x) for name, x in launch.runtime_args().items()})
-                for launch in _variant_launches(case, knobs, value_checks)]
+        return [
+            (
+                launch.kernel.__name__,
+                launch.grid,
+                launch.num_warps,
+                launch.num_stages,
+                launch.constexprs,
+                {name: argument(x) for name, x in launch.runtime_args().items()},
+            )
+            for launch in _variant_launches(case, knobs, value_checks)
+        ]
 
     for name, (case, knobs) in VARIANTS.items():
         assert planned(case, knobs, False) == planned(case, knobs, True), name

@@ -13,8 +13,8 @@ INF = float("inf")
 
 
 def states(n, shape, dim, dtype, seed=0):
-    """``n`` random attention states ``(out (*shape, dim), lse (*shape))`` with some empty (-inf) and
-    zero-length-KV (+inf) rows, including rows where every state is empty."""
+    """``n`` random attention states ``(out (*shape, dim), lse (*shape))`` with some empty (-inf)
+    and zero-length-KV (+inf) rows, including rows where every state is empty."""
     gen = torch.Generator().manual_seed(seed)
     outs = torch.randn(n, *shape, dim, generator=gen).to(dtype)
     lses = 4 * torch.randn(n, *shape, generator=gen)
@@ -40,9 +40,15 @@ def combined_float64(outs, lses):
 @pytest.mark.parametrize("shape", [(7, 3), (2, 4, 5)], ids=["tokens_heads", "batch_heads_rows"])
 def test_merge_two_states(dtype, shape):
     outs, lses = states(2, shape, 40, dtype)
-    out, lse = kernels.merge_attention_states(*(x.to(DEVICE) for x in (outs[0], lses[0], outs[1], lses[1])))
+    out, lse = kernels.merge_attention_states(
+        *(x.to(DEVICE) for x in (outs[0], lses[0], outs[1], lses[1]))
+    )
     out_r, lse_r = attn_ref.merge_attention_states(outs[0], lses[0], outs[1], lses[1])
-    assert out.dtype == lse.dtype == torch.float32 and out.shape == out_r.shape and lse.shape == lse_r.shape
+    assert (
+        out.dtype == lse.dtype == torch.float32
+        and out.shape == out_r.shape
+        and lse.shape == lse_r.shape
+    )
     torch.testing.assert_close(out.cpu(), out_r, rtol=1e-6, atol=1e-6)
     assert_lse_close(lse.cpu(), lse_r)
     assert torch.equal(out.cpu().flatten(0, -2)[1], torch.zeros(40))  # both empty: 0, not NaN
@@ -52,7 +58,9 @@ def test_merge_reads_strided_inputs():
     outs, lses = states(2, (6, 4), 32, torch.float32, seed=1)
     a = outs[0].transpose(0, 1)  # (4, 6, 32), non-contiguous rows
     b = outs[1].transpose(0, 1)
-    out, lse = kernels.merge_attention_states(a.to(DEVICE), lses[0].T.to(DEVICE), b.to(DEVICE), lses[1].T.to(DEVICE))
+    out, lse = kernels.merge_attention_states(
+        a.to(DEVICE), lses[0].T.to(DEVICE), b.to(DEVICE), lses[1].T.to(DEVICE)
+    )
     out_r, lse_r = attn_ref.merge_attention_states(a, lses[0].T, b, lses[1].T)
     torch.testing.assert_close(out.cpu(), out_r, rtol=1e-6, atol=1e-6)
     assert_lse_close(lse.cpu(), lse_r)

@@ -20,7 +20,6 @@ from kernels.host_checks import ENV_VAR
 from kernels.launch import Launch
 from kvcache_cases import clone_args, make_case
 
-
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -37,17 +36,22 @@ class HostRead(AssertionError):
 def _refuse(name):
     def refuse(*args, **kwargs):
         raise HostRead(f"{name} read a tensor value on the host")
+
     return refuse
 
 
 def _to(original):
-    def to(self, *args, **kwargs):  # a copy to the host; dtype-only / same-device conversions are fine
-        target = kwargs.get("device", args[0] if args and not isinstance(args[0], torch.dtype) else None)
+    # a copy to the host; dtype-only / same-device conversions are fine
+    def to(self, *args, **kwargs):
+        target = kwargs.get(
+            "device", args[0] if args and not isinstance(args[0], torch.dtype) else None
+        )
         if isinstance(target, torch.Tensor):
             target = target.device
         if target is not None and torch.device(target).type == "cpu":
             raise HostRead("Tensor.to(cpu) copied a tensor to the host")
         return original(self, *args, **kwargs)
+
     return to
 
 
@@ -57,13 +61,39 @@ def _getitem(original):
         if any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in parts):
             raise HostRead("indexing with a boolean mask read a tensor value on the host")
         return original(self, index)
+
     return getitem
 
 
-TENSOR_READS = ("item", "tolist", "__bool__", "__int__", "__index__", "__float__", "__complex__", "numpy",
-                "__array__", "cpu", "__repr__", "__format__", "unique", "unique_consecutive", "nonzero",
-                "masked_select", "equal", "allclose")
-TORCH_READS = ("equal", "allclose", "is_nonzero", "unique", "unique_consecutive", "nonzero", "masked_select")
+TENSOR_READS = (
+    "item",
+    "tolist",
+    "__bool__",
+    "__int__",
+    "__index__",
+    "__float__",
+    "__complex__",
+    "numpy",
+    "__array__",
+    "cpu",
+    "__repr__",
+    "__format__",
+    "unique",
+    "unique_consecutive",
+    "nonzero",
+    "masked_select",
+    "equal",
+    "allclose",
+)
+TORCH_READS = (
+    "equal",
+    "allclose",
+    "is_nonzero",
+    "unique",
+    "unique_consecutive",
+    "nonzero",
+    "masked_select",
+)
 
 
 @contextlib.contextmanager
@@ -99,8 +129,14 @@ GRID = {
     "paged_gqa_causal": dict(heads=6, heads_k=2, page_size=4, seqlen_new=2, causal=True),
     "varlen_q_batch_idx": dict(varlen_q=True, batch_idx=True, seqlen_new=2, window=(2, 1)),
     "leftpad_rotary": dict(leftpad=True, seqlen_new=3, rotary_dim=16, causal=True),
-    "packed_new_rotary_seqlens": dict(varlen_new=True, seqlen_new=3, rotary_dim=16, rotary_seqlens=True,
-                                      rotary_interleaved=False, page_size=4),
+    "packed_new_rotary_seqlens": dict(
+        varlen_new=True,
+        seqlen_new=3,
+        rotary_dim=16,
+        rotary_seqlens=True,
+        rotary_interleaved=False,
+        page_size=4,
+    ),
     "no_append_window_chunk": dict(window=(3, -1), chunk=4, leftpad=True, batch_idx=True),
     "full_cache_mqa_bf16": dict(full_cache=True, heads=5, heads_k=1, dtype=torch.bfloat16),
 }
@@ -111,8 +147,12 @@ GRID = {
 def test_unchecked_call_reads_nothing_and_matches(monkeypatch, name, num_splits):
     args = case(batch=3, capacity=16, d=16, **GRID[name], seed=len(name))
     checked_args, unchecked_args = clone_args(args), clone_args(args)
-    expected = kernels.flash_attn_with_kvcache(**checked_args, num_splits=num_splits, return_softmax_lse=True)
-    got = unchecked_call(monkeypatch, dict(unchecked_args, num_splits=num_splits, return_softmax_lse=True))
+    expected = kernels.flash_attn_with_kvcache(
+        **checked_args, num_splits=num_splits, return_softmax_lse=True
+    )
+    got = unchecked_call(
+        monkeypatch, dict(unchecked_args, num_splits=num_splits, return_softmax_lse=True)
+    )
     for a, b in zip(expected, got):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
     for cache in ("k_cache", "v_cache"):
@@ -128,8 +168,8 @@ def test_the_patch_catches_reads(monkeypatch):
 
 
 def test_switches_skip_only_the_value_checks(monkeypatch):
-    """``no_host_checks()`` and ``ATTN_REF_HOST_CHECKS=0`` skip the value checks (a cache overflow is
-    not caught), never the static ones (a wrong dtype still is); on by default."""
+    """``no_host_checks()`` and ``ATTN_REF_HOST_CHECKS=0`` skip the value checks (a cache overflow
+    is not caught), never the static ones (a wrong dtype still is); on by default."""
     args = case(batch=2, seqlen_new=1, capacity=8, seed=2)
     overflow = dict(args, cache_seqlens=torch.tensor([3, 8], dtype=torch.int32, device=DEVICE))
     wrong_dtype = dict(args, cache_seqlens=torch.tensor([3, 4], device=DEVICE))
@@ -148,7 +188,8 @@ def test_switches_skip_only_the_value_checks(monkeypatch):
 
 
 def test_capture_turns_the_value_checks_off(monkeypatch):
-    """``torch.cuda.is_current_stream_capturing()`` decides for CUDA tensors (asked only for those)."""
+    """``torch.cuda.is_current_stream_capturing()`` decides for CUDA tensors (asked only for
+    those)."""
     from kernels.host_checks import value_checks_enabled
 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)

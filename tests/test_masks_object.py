@@ -48,8 +48,12 @@ def test_options_are_normalised_as_fa3_does(options, expected):
 
 
 def test_equal_masks_are_equal_and_hash_alike():
-    spellings = [AttentionMask(causal=True), AttentionMask(window_size=(-1, 0)),
-                 AttentionMask(causal=True, window_size=(-5, 7), attention_chunk=0), CAUSAL]
+    spellings = [
+        AttentionMask(causal=True),
+        AttentionMask(window_size=(-1, 0)),
+        AttentionMask(causal=True, window_size=(-5, 7), attention_chunk=0),
+        CAUSAL,
+    ]
     assert all(mask == CAUSAL and hash(mask) == hash(CAUSAL) for mask in spellings)
     assert len(set(spellings)) == 1
     assert AttentionMask(attention_chunk=None) == AttentionMask(attention_chunk=-3) == NO_MASK

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from attn_ref.masks import AttentionMask
 from kernels import masks as kernel_masks
@@ -32,14 +31,27 @@ def tiles(draw):
     key_start = draw(st.integers(0, seqlen_k))
     key_end = draw(st.integers(key_start, seqlen_k))
     mask = AttentionMask(causal=causal, window_size=window, attention_chunk=chunk)
-    return dict(mask=mask, row_start=row_start, row_end=row_end, seqlen_q=seqlen_q,
-                seqlen_k=seqlen_k, key_start=key_start, key_end=key_end)
+    return dict(
+        mask=mask,
+        row_start=row_start,
+        row_end=row_end,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        key_start=key_start,
+        key_end=key_end,
+    )
 
 
 def reference_range(case) -> tuple[int, int, int, int]:
     """The case's ``(lo, hi, full_lo, full_hi)`` by the reference."""
-    return case["mask"].tile_key_range(case["row_start"], case["row_end"], case["seqlen_q"],
-                                       case["seqlen_k"], case["key_start"], case["key_end"])
+    return case["mask"].tile_key_range(
+        case["row_start"],
+        case["row_end"],
+        case["seqlen_q"],
+        case["seqlen_k"],
+        case["key_start"],
+        case["key_end"],
+    )
 
 
 def as_range(lo: int, hi: int, seqlen_k: int) -> torch.Tensor:
@@ -52,8 +64,9 @@ def as_range(lo: int, hi: int, seqlen_k: int) -> torch.Tensor:
 @given(tiles())
 def test_tile_key_range_is_the_union_and_the_intersection_of_the_rows_keys(case):
     lo, hi, full_lo, full_hi = reference_range(case)
-    visible = case["mask"].visible_keys(case["seqlen_q"], case["seqlen_k"],
-                                        row_start=case["row_start"], row_end=case["row_end"])
+    visible = case["mask"].visible_keys(
+        case["seqlen_q"], case["seqlen_k"], row_start=case["row_start"], row_end=case["row_end"]
+    )
     in_split = as_range(case["key_start"], case["key_end"], case["seqlen_k"])
     assert lo <= hi  # an empty range may start past key_end: nothing is visited
     assert torch.equal(as_range(lo, hi, case["seqlen_k"]), visible.any(0) & in_split)
@@ -68,8 +81,14 @@ def _tile_key_range_of_cases(cases_ptr, out_ptr):
     args = cases_ptr + c * 9
     mask = (tl.load(args), tl.load(args + 1), tl.load(args + 2))
     lo, hi, full_lo, full_hi = kernel_masks.tile_key_range(
-        mask, tl.load(args + 3), tl.load(args + 4), tl.load(args + 5), tl.load(args + 6),
-        tl.load(args + 7), tl.load(args + 8))
+        mask,
+        tl.load(args + 3),
+        tl.load(args + 4),
+        tl.load(args + 5),
+        tl.load(args + 6),
+        tl.load(args + 7),
+        tl.load(args + 8),
+    )
     tl.store(out_ptr + c * 4, lo)
     tl.store(out_ptr + c * 4 + 1, hi)
     tl.store(out_ptr + c * 4 + 2, full_lo)
@@ -80,8 +99,18 @@ def _tile_key_range_of_cases(cases_ptr, out_ptr):
 @given(st.lists(tiles(), min_size=1, max_size=40))
 def test_kernel_tile_key_range_agrees_with_the_reference(cases):
     # the kernel's runtime mask values: causal is window_right = 0, -1 an unbounded side, 0 no chunk
-    rows = [[*c["mask"].kernel_args(), c["row_start"], c["row_end"], c["seqlen_q"], c["seqlen_k"],
-             c["key_start"], c["key_end"]] for c in cases]
+    rows = [
+        [
+            *c["mask"].kernel_args(),
+            c["row_start"],
+            c["row_end"],
+            c["seqlen_q"],
+            c["seqlen_k"],
+            c["key_start"],
+            c["key_end"],
+        ]
+        for c in cases
+    ]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args = torch.tensor(rows, dtype=torch.int32, device=device)
     out = torch.empty(len(cases), 4, dtype=torch.int32, device=device)
@@ -91,8 +120,9 @@ def test_kernel_tile_key_range_agrees_with_the_reference(cases):
 
 
 @triton.jit
-def _visible_keys_of_tile(out_ptr, seqlen_q, seqlen_k, mask, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
+def _visible_keys_of_tile(
+    out_ptr, seqlen_q, seqlen_k, mask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """``out`` (BLOCK_M, BLOCK_N) int8: the kernel's mask test for rows ``0..BLOCK_M-1``, keys
     ``0..BLOCK_N-1``; ``mask`` is the group ``(window_left, window_right, chunk)``."""
     rows, keys = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
@@ -105,7 +135,8 @@ def _visible_keys_of_tile(out_ptr, seqlen_q, seqlen_k, mask, BLOCK_M: tl.constex
 def test_kernel_visible_keys_is_the_reference_matrix(case):
     sq, sk = case["seqlen_q"], case["seqlen_k"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = torch.empty(32, 64, dtype=torch.int8, device=device)  # covers seqlen_q <= 24, seqlen_k <= 40
+    # covers seqlen_q <= 24, seqlen_k <= 40
+    out = torch.empty(32, 64, dtype=torch.int8, device=device)
     _visible_keys_of_tile[(1,)](out, sq, sk, case["mask"].kernel_args(), BLOCK_M=32, BLOCK_N=64)
     expected = case["mask"].visible_keys(sq, sk)
     assert torch.equal(out[:sq, :sk].bool().cpu(), expected)

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "scripts" / "build_notebooks.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_notebooks", ROOT / "scripts" / "build_notebooks.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -40,7 +42,9 @@ def test_every_stored_notebook_has_a_source():
 def test_stored_notebook_is_the_executed_build_of_its_source(source):
     stored, fresh = _stored(source), builder.load_source(source)
     cells = [(cell.cell_type, cell.source) for cell in stored.cells]
-    assert cells == [(cell.cell_type, cell.source) for cell in fresh.cells], f"{source.name} changed: {REBUILD}"
+    assert cells == [(cell.cell_type, cell.source) for cell in fresh.cells], (
+        f"{source.name} changed: {REBUILD}"
+    )
     code = [cell for cell in stored.cells if cell.cell_type == "code"]
     counts = [cell.execution_count for cell in code]
     assert counts == list(range(1, len(code) + 1)), f"not executed top to bottom: {REBUILD}"
@@ -52,7 +56,11 @@ def test_stored_notebook_is_the_executed_build_of_its_source(source):
 def test_no_cell_is_allowed_to_fail_silently(source):
     # nbclient lets a cell tagged raises-exception fail without failing the run; an error
     # demonstration must instead catch its error and assert on it.
-    tagged = [cell.id for cell in _stored(source).cells if "raises-exception" in cell.metadata.get("tags", [])]
+    tagged = [
+        cell.id
+        for cell in _stored(source).cells
+        if "raises-exception" in cell.metadata.get("tags", [])
+    ]
     assert not tagged
 
 

@@ -7,10 +7,17 @@ from functools import reduce
 import pytest
 import torch
 
-from attn_ref import (AttentionMask, apply_rotary, gather_cache, merge_attention_states,
-                      paged_to_dense, scatter_cache, split_bounds)
+from attn_ref import (
+    AttentionMask,
+    apply_rotary,
+    dense,
+    gather_cache,
+    merge_attention_states,
+    paged_to_dense,
+    scatter_cache,
+    split_bounds,
+)
 from attn_ref.paged import gather_range
-from attn_ref import dense
 from dense_oracle import logical_cache, rope
 
 INF = float("inf")
@@ -37,7 +44,9 @@ def test_apply_rotary_matches_rotate_half_form(interleaved, rotary_dim, dtype):
     positions = torch.tensor([0, 7, 7, 19, 3])
     y = apply_rotary(x, angles.cos(), angles.sin(), positions, interleaved)
     assert y.dtype == torch.float32
-    torch.testing.assert_close(y, rope(x, angles.cos(), angles.sin(), positions, interleaved), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        y, rope(x, angles.cos(), angles.sin(), positions, interleaved), rtol=1e-6, atol=1e-6
+    )
     assert torch.equal(y[..., rotary_dim:], x[..., rotary_dim:].float())  # the tail passes through
     torch.testing.assert_close(y.norm(dim=-1), x.float().norm(dim=-1))  # a rotation keeps the norm
 
@@ -48,23 +57,29 @@ def test_paged_addressing_round_trip():
     table = torch.tensor([[5, 0, 7], [2, 8, 1]], dtype=torch.int32)
     assert torch.equal(paged_to_dense(cache, table), logical_cache(cache, table))
     positions = torch.tensor([0, 3, 4, 9, 11])
-    assert torch.equal(gather_cache(cache, 1, positions, table), logical_cache(cache, table)[1, positions])
+    assert torch.equal(
+        gather_cache(cache, 1, positions, table), logical_cache(cache, table)[1, positions]
+    )
     values = torch.randn(5, 2, 8, generator=gen)
     scatter_cache(cache, 1, positions, values, table)
     assert torch.equal(gather_cache(cache, 1, positions, table), values)
-    assert torch.equal(cache[2, 0], values[0]) and torch.equal(cache[1, 3], values[4])  # page 1 = table[1, 2]
+    # page 1 = table[1, 2]
+    assert torch.equal(cache[2, 0], values[0]) and torch.equal(cache[1, 3], values[4])
     dense = torch.randn(3, 6, 2, 8, generator=gen)
     assert torch.equal(gather_cache(dense, 2, positions[:3]), dense[2, positions[:3]])
 
 
 @pytest.mark.parametrize("start, end", [(0, 12), (1, 3), (3, 5), (4, 8), (5, 11), (6, 6), (12, 12)])
 def test_gather_range_reads_what_gather_cache_reads(start, end):
-    """Whole pages (a copy) or a view of a contiguous cache: the positions [start, end), across page edges."""
+    """Whole pages (a copy) or a view of a contiguous cache: the positions [start, end), across page
+    edges."""
     gen = torch.Generator().manual_seed(2)
     cache = torch.randn(9, 4, 2, 8, generator=gen)  # 9 pages of 4 tokens, 3 per sequence
     table = torch.tensor([[5, 0, 7], [2, 8, 1]], dtype=torch.int32)
     positions = torch.arange(start, end)
-    assert torch.equal(gather_range(cache, 1, start, end, table), gather_cache(cache, 1, positions, table))
+    assert torch.equal(
+        gather_range(cache, 1, start, end, table), gather_cache(cache, 1, positions, table)
+    )
     dense = torch.randn(3, 12, 2, 8, generator=gen)
     assert torch.equal(gather_range(dense, 2, start, end), gather_cache(dense, 2, positions))
 
@@ -80,7 +95,11 @@ def test_split_bounds_cover_the_keys_in_order(seqlen_k, n):
 
 def test_merge_of_disjoint_key_sets_is_attention_over_their_union():
     gen = torch.Generator().manual_seed(2)
-    q, k, v = torch.randn(4, 6, 16, generator=gen), torch.randn(11, 2, 16, generator=gen), torch.randn(11, 2, 8, generator=gen)
+    q, k, v = (
+        torch.randn(4, 6, 16, generator=gen),
+        torch.randn(11, 2, 16, generator=gen),
+        torch.randn(11, 2, 8, generator=gen),
+    )
 
     def attend(keys):  # the state over these keys: out (s_q, h, d_v), lse (s_q, h)
         out, lse = dense.attention(q[None], k[None, keys], v[None, keys], 0.3)
@@ -98,14 +117,21 @@ def test_merge_of_disjoint_key_sets_is_attention_over_their_union():
 
 
 def test_merge_empty_and_infinite_states():
-    o_a, o_b = torch.full((3, 4), 2.0, dtype=torch.float16), torch.full((3, 4), 5.0, dtype=torch.float16)
+    o_a, o_b = (
+        torch.full((3, 4), 2.0, dtype=torch.float16),
+        torch.full((3, 4), 5.0, dtype=torch.float16),
+    )
     lse_a = torch.tensor([-INF, -INF, INF], dtype=torch.float16)
     lse_b = torch.tensor([-INF, 0.5, 0.5], dtype=torch.float16)
     out, lse = merge_attention_states(o_a, lse_a, o_b, lse_b)
     assert out.dtype == lse.dtype == torch.float32 and not out.isnan().any()
     assert torch.equal(out[0], torch.zeros(4)) and lse[0] == -INF  # nothing on either side
-    assert torch.equal(out[1:], torch.full((2, 4), 5.0)) and torch.equal(lse[1:], torch.full((2,), 0.5))  # +inf = empty
+    assert torch.equal(out[1:], torch.full((2, 4), 5.0)) and torch.equal(
+        lse[1:], torch.full((2,), 0.5)
+    )  # +inf = empty
     # Equal LSEs: the average, and lse + log 2.
-    out, lse = merge_attention_states(o_a[:1].float(), torch.tensor([1.0]), o_b[:1].float(), torch.tensor([1.0]))
+    out, lse = merge_attention_states(
+        o_a[:1].float(), torch.tensor([1.0]), o_b[:1].float(), torch.tensor([1.0])
+    )
     torch.testing.assert_close(out, torch.full((1, 4), 3.5))
     torch.testing.assert_close(lse, torch.tensor([1.0 + torch.log(torch.tensor(2.0)).item()]))

@@ -15,9 +15,11 @@ from kvcache_cases import make_case
 def test_only_qv_placeholder_k_cache_default_scale():
     # q and k_cache None: scale = dv ** -0.5; the new k goes to sglang's discarded placeholder while
     # v lands in v_cache. Also pass k to check the placeholder takes k's head dim.
-    case = make_case(only_qv=True, placeholders=True, heads=4, heads_k=2, d=32, dv=64, seqlen_new=2, seed=5)
+    case = make_case(
+        only_qv=True, placeholders=True, heads=4, heads_k=2, d=32, dv=64, seqlen_new=2, seed=5
+    )
     assert_matches_oracle(flash_attn_with_kvcache, case)
-    scaled = assert_matches_oracle(flash_attn_with_kvcache, case, softmax_scale=64 ** -0.5)
+    scaled = assert_matches_oracle(flash_attn_with_kvcache, case, softmax_scale=64**-0.5)
     default = flash_attn_with_kvcache(**case, return_softmax_lse=True)
     assert torch.equal(default[0], scaled[0])
 
@@ -30,10 +32,18 @@ def test_only_qv_sglang_setup():
     qv = torch.randn(b, 1, h, dv, generator=gen).bfloat16()
     v_cache = torch.randn(b * sk, 1, 1, dv, generator=gen).bfloat16()
     page_table = torch.arange(b * sk, dtype=torch.int32).view(b, sk)
-    out = flash_attn_with_kvcache(None, None, v_cache, qv=qv, page_table=page_table, only_qv=True, num_splits=1,
-                                  cache_seqlens=torch.full((b,), sk, dtype=torch.int32))
+    out = flash_attn_with_kvcache(
+        None,
+        None,
+        v_cache,
+        qv=qv,
+        page_table=page_table,
+        only_qv=True,
+        num_splits=1,
+        cache_seqlens=torch.full((b,), sk, dtype=torch.int32),
+    )
     v = v_cache.float().view(b, sk, dv)
-    p = (torch.einsum("bhd,bsd->bhs", qv[:, 0].float(), v) / dv ** 0.5).softmax(-1)
+    p = (torch.einsum("bhd,bsd->bhs", qv[:, 0].float(), v) / dv**0.5).softmax(-1)
     expected = torch.einsum("bhs,bsd->bhd", p, v)[:, None].bfloat16()
     err = (out.float() - expected.float()).abs()
     assert err.max() <= 8e-3 and err.mean() <= 3e-4
@@ -41,5 +51,6 @@ def test_only_qv_sglang_setup():
 
 def test_duplicate_cache_rows_without_append():
     case = make_case(batch=3, batch_idx=True, causal=True, seed=15)
-    case["cache_batch_idx"] = torch.tensor([1, 1, 4], dtype=torch.int32)  # reading one row twice is fine
+    # reading one row twice is fine
+    case["cache_batch_idx"] = torch.tensor([1, 1, 4], dtype=torch.int32)
     assert_matches_oracle(flash_attn_with_kvcache, case)

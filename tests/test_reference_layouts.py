@@ -13,6 +13,7 @@ from attn_ref import flash_attn_with_kvcache
 from dense_oracle import logical_cache
 from kvcache_cases import clone_args, make_case
 
+
 def run(args, **knobs):
     return flash_attn_with_kvcache(**clone_args(args), return_softmax_lse=True, **knobs)
 
@@ -20,8 +21,17 @@ def run(args, **knobs):
 @pytest.mark.parametrize("page_size", [1, 3, 4, 16])
 @pytest.mark.parametrize("append", [False, True])
 def test_paged_equals_dense(page_size, append):
-    paged = make_case(page_size=page_size, capacity=17, batch=3, batch_idx=True, causal=True, leftpad=True,
-                      seqlen_new=2 if append else None, rotary_dim=16 if append else 0, seed=page_size)
+    paged = make_case(
+        page_size=page_size,
+        capacity=17,
+        batch=3,
+        batch_idx=True,
+        causal=True,
+        leftpad=True,
+        seqlen_new=2 if append else None,
+        rotary_dim=16 if append else 0,
+        seed=page_size,
+    )
     dense = dict(paged)
     dense.pop("page_table")
     dense["k_cache"] = logical_cache(paged["k_cache"], paged["page_table"])
@@ -33,8 +43,26 @@ def test_paged_equals_dense(page_size, append):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_packing_equals_running_apart(causal):
-    a = make_case(batch=1, seqlen_q=3, seqlen_new=2, capacity=10, leftpad=True, rotary_dim=16, causal=causal, seed=1)
-    b = make_case(batch=1, seqlen_q=5, seqlen_new=1, capacity=10, leftpad=True, rotary_dim=16, causal=causal, seed=2)
+    a = make_case(
+        batch=1,
+        seqlen_q=3,
+        seqlen_new=2,
+        capacity=10,
+        leftpad=True,
+        rotary_dim=16,
+        causal=causal,
+        seed=1,
+    )
+    b = make_case(
+        batch=1,
+        seqlen_q=5,
+        seqlen_new=1,
+        capacity=10,
+        leftpad=True,
+        rotary_dim=16,
+        causal=causal,
+        seed=2,
+    )
     b["rotary_cos"], b["rotary_sin"] = a["rotary_cos"], a["rotary_sin"]
     packed = dict(a)
     packed["q"] = torch.cat((a["q"][0], b["q"][0]))
@@ -83,7 +111,8 @@ def test_append_writes_only_the_new_slots():
     after = clone_args(args)
     flash_attn_with_kvcache(**after)
     table, rows = args["page_table"].long(), args["cache_batch_idx"].long()
-    changed = (after["v_cache"] != args["v_cache"]).flatten(2).any(2).nonzero().tolist()  # [page, slot]
+    # [page, slot]
+    changed = (after["v_cache"] != args["v_cache"]).flatten(2).any(2).nonzero().tolist()
     expected = set()
     for i in range(2):
         c = int(args["cache_seqlens"][i])
@@ -104,7 +133,11 @@ def test_append_into_cache_views_and_shared_seqlens_tensor():
     call = dict(args, k_cache=views[0], v_cache=views[1], rotary_seqlens=args["cache_seqlens"])
     out = flash_attn_with_kvcache(**call)
     expected = clone_args(args)
-    assert torch.equal(out, flash_attn_with_kvcache(**expected, rotary_seqlens=expected["cache_seqlens"]))
-    assert torch.equal(buffers[0][1:, 1:11], expected["k_cache"]) and torch.equal(buffers[1][1:, 1:11], expected["v_cache"])
+    assert torch.equal(
+        out, flash_attn_with_kvcache(**expected, rotary_seqlens=expected["cache_seqlens"])
+    )
+    assert torch.equal(buffers[0][1:, 1:11], expected["k_cache"]) and torch.equal(
+        buffers[1][1:, 1:11], expected["v_cache"]
+    )
     assert all(not buf[0].any() and not buf[:, 0].any() and not buf[:, 11].any() for buf in buffers)
     assert torch.equal(args["cache_seqlens"], seqlens)

@@ -29,17 +29,26 @@ from attn_ref import sequence_parallel as sp
 from backward_cases import dense_forward
 from rank_spawns import REFERENCE_SPAWNS, each_spawn_and, spawned_ranks
 from sp_cases import (
-    BATCH, HEAD_DIM, N_REP, SEQ, Case, _full_inputs, _global_sequence, _my_positions, _varlen_lens,
+    BATCH,
+    HEAD_DIM,
+    N_REP,
+    SEQ,
+    Case,
+    _full_inputs,
+    _global_sequence,
+    _my_positions,
+    _varlen_lens,
 )
 from tolerance import assert_close_fa
 
-SCALE = HEAD_DIM ** -0.5
+SCALE = HEAD_DIM**-0.5
 
 
 @dataclass(frozen=True)
 class GradCase(Case):
-    """A :class:`~test_sequence_parallel_ranks.Case`; schemes also ``"rfa"`` (``ring_flash_attn_func`` /
-    ``zigzag_ring_flash_attn_func``) and ``"rfa_kv"`` (their ``_kvpacked_func``), which return no LSE."""
+    """A :class:`~test_sequence_parallel_ranks.Case`; schemes also ``"rfa"``
+    (``ring_flash_attn_func`` / ``zigzag_ring_flash_attn_func``) and ``"rfa_kv"`` (their
+    ``_kvpacked_func``), which return no LSE."""
 
 
 def _cases_two_ranks() -> list[GradCase]:
@@ -84,10 +93,15 @@ def _cases_four_ranks() -> list[GradCase]:
 
 CASES = {2: _cases_two_ranks(), 4: _cases_four_ranks()}
 
-#: The cases the kernels run (interpreter: a few, one per scheme), by world size; the reference runs all.
+#: The cases the kernels run (interpreter: a few, one per scheme), by world size; the reference runs
+#: all.
 KERNEL_CASE_IDS = {
-    2: ["ulysses2x1-gqa-causal-rep-suffix-float16", "kv_gather2x1-gqa-full-rep-suffix",
-        "ring1x2-gqa-causal-zigzag-bfloat16", "usp1x2-gqa-causal-zigzag-rep-prefix"],
+    2: [
+        "ulysses2x1-gqa-causal-rep-suffix-float16",
+        "kv_gather2x1-gqa-full-rep-suffix",
+        "ring1x2-gqa-causal-zigzag-bfloat16",
+        "usp1x2-gqa-causal-zigzag-rep-prefix",
+    ],
     4: ["usp2x2-gqa-causal-zigzag-rep-prefix"],
 }
 
@@ -95,12 +109,16 @@ KERNEL_CASE_IDS = {
 def spawn_cases(spawn) -> list[GradCase]:
     """The cases one :class:`~rank_spawns.Spawn` runs, in ``CASES`` order."""
     cases = CASES[spawn.world]
-    return cases if spawn.impl == "attn_ref" else [c for c in cases if c.id in KERNEL_CASE_IDS[spawn.world]]
+    return (
+        cases
+        if spawn.impl == "attn_ref"
+        else [c for c in cases if c.id in KERNEL_CASE_IDS[spawn.world]]
+    )
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Rows: where each rank's tensors sit in the single-device problem
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def _rows(case: GradCase, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,42 +139,55 @@ def _rows(case: GradCase, positions: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 def _non_contiguous(x: torch.Tensor) -> torch.Tensor:
-    """The same values in a non-contiguous tensor (every other element of a buffer twice as long)."""
+    """The same values in a non-contiguous tensor (every other element of a buffer twice as
+    long)."""
     y = torch.stack([x, torch.zeros_like(x)], dim=-1)[..., 0]
     assert not y.is_contiguous()
     return y
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # What each rank runs
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def _call(api, case: GradCase, groups, leaves: dict[str, torch.Tensor]):
-    """The entry point of ``case`` on this rank's leaves: ``[(output, its global rows or 'rep'), ...]``.
+    """The entry point of ``case`` on this rank's leaves: ``[(output, its global rows or 'rep'),
+    ...]``.
 
-    LSEs are listed as ``("lse", rows)``; every output's rows are this rank's q rows unless ``"rep"``.
+    LSEs are listed as ``("lse", rows)``; every output's rows are this rank's q rows unless
+    ``"rep"``.
     """
     h, hkv = case.heads
     q, k, v = leaves.get("q"), leaves.get("k"), leaves.get("v")
     if case.scheme in ("ulysses", "kv_gather"):
-        attn = api.UlyssesAttention(h, HEAD_DIM, hkv, causal=case.causal, sp_attention_mode=case.scheme, groups=groups)
+        attn = api.UlyssesAttention(
+            h, HEAD_DIM, hkv, causal=case.causal, sp_attention_mode=case.scheme, groups=groups
+        )
         reps = (leaves["rq"], leaves["rk"], leaves["rv"]) if case.replicated else (None, None, None)
         seq_lens = _varlen_lens(groups.sp_size) if case.varlen else None
-        out, rep_out, lse, rep_lse = attn(q, k, v, *reps, seq_lens=seq_lens, return_softmax_lse=True)
+        out, rep_out, lse, rep_lse = attn(
+            q, k, v, *reps, seq_lens=seq_lens, return_softmax_lse=True
+        )
         results = [("out", out, "local"), ("lse", lse, "local")]
         if case.replicated:
             results += [("out", rep_out, "rep"), ("lse", rep_lse, "rep")]
         return results
     if case.scheme == "ring":
-        out, lse = api.ring_attention(q, k, v, groups.ring_group, causal=case.causal, zigzag=case.zigzag)
+        out, lse = api.ring_attention(
+            q, k, v, groups.ring_group, causal=case.causal, zigzag=case.zigzag
+        )
         return [("out", out, "local"), ("lse", lse, "local")]
     if case.scheme in ("rfa", "rfa_kv"):
         prefix = "zigzag_ring_flash_attn" if case.zigzag else "ring_flash_attn"
         if case.scheme == "rfa":
-            out = getattr(api, prefix + "_func")(q, k, v, causal=case.causal, group=groups.ring_group)
+            out = getattr(api, prefix + "_func")(
+                q, k, v, causal=case.causal, group=groups.ring_group
+            )
         else:
-            out = getattr(api, prefix + "_kvpacked_func")(q, leaves["kv"], causal=case.causal, group=groups.ring_group)
+            out = getattr(api, prefix + "_kvpacked_func")(
+                q, leaves["kv"], causal=case.causal, group=groups.ring_group
+            )
         return [("out", out, "local")]
     attn = api.USPAttention(h, HEAD_DIM, hkv, causal=case.causal, groups=groups, zigzag=case.zigzag)
     counts = {"num_replicated_" + case.replicated: N_REP} if case.replicated else {}
@@ -195,7 +226,9 @@ def run_grad_case(api, case: GradCase, groups) -> dict:
         """Global gradients of q, k, v for the single-device loss, by autograd in ``compute``."""
         g_leaves = [t.detach().clone().requires_grad_() for t in (gq, gk, gv)]
         # float64, or FA's low-precision baseline: the dense attention computed in the case's dtype
-        out, lse = dense_forward(*(t.to(compute) for t in g_leaves), SCALE, upcast=False, causal=case.causal)
+        out, lse = dense_forward(
+            *(t.to(compute) for t in g_leaves), SCALE, upcast=False, causal=case.causal
+        )
         lse = lse.transpose(1, 2)  # FA's [b, h, s] -> the SP layers' [b, s, h]
         loss = (out.double() * d_out.double()).sum()
         if with_lse:
@@ -221,7 +254,8 @@ def _local_grads(case, dq, dk, dv, q_rows, kv_rows, rep_rows) -> dict[str, torch
 
 
 def run_rank(api_name: str, case_ids: list[str], world: int) -> dict:
-    """Body of every rank: the cases ``case_ids`` of this world size, with ``api_name.sequence_parallel``."""
+    """Body of every rank: the cases ``case_ids`` of this world size, with
+    ``api_name.sequence_parallel``."""
     import importlib
 
     api = importlib.import_module(f"{api_name}.sequence_parallel")
@@ -237,13 +271,14 @@ def run_rank(api_name: str, case_ids: list[str], world: int) -> dict:
     return reports
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Checks of the reports
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def check_grads(reports: list[dict], case: GradCase) -> None:
-    """Every rank's gradients match the single-device ones; replicated gradients are equal on all ranks."""
+    """Every rank's gradients match the single-device ones; replicated gradients are equal on all
+    ranks."""
     dtype = getattr(torch, case.dtype)
     for rank, report in enumerate(reports):
         r = report[case.id]
@@ -254,9 +289,14 @@ def check_grads(reports: list[dict], case: GradCase) -> None:
             except AssertionError as exc:
                 raise AssertionError(f"rank {rank} d{name}: {exc}") from None
     replicated = [n for n in ("rq", "rk", "rv") if n in reports[0][case.id]["grad"]]
-    if case.scheme == "usp" and case.replicated:  # the replicated rows of q/k/v: the same full gradient
+    # the replicated rows of q/k/v: the same full gradient
+    if case.scheme == "usp" and case.replicated:
         n = N_REP
-        replicated_rows = {"prefix": slice(0, n), "suffix": slice(-n, None), "kv_prefix": slice(0, n)}[case.replicated]
+        replicated_rows = {
+            "prefix": slice(0, n),
+            "suffix": slice(-n, None),
+            "kv_prefix": slice(0, n),
+        }[case.replicated]
         names = "kv" if case.replicated == "kv_prefix" else "qkv"
         views = [{m: r[case.id]["grad"][m][:, replicated_rows] for m in names} for r in reports]
     else:
@@ -281,7 +321,9 @@ NAIVE_SUM_INPUT = {
 }
 
 
-@each_spawn_and("case_id", lambda spawn: NAIVE_SUM_INPUT[spawn.world], REFERENCE_SPAWNS, item_id=str)
+@each_spawn_and(
+    "case_id", lambda spawn: NAIVE_SUM_INPUT[spawn.world], REFERENCE_SPAWNS, item_id=str
+)
 def test_naive_sum_of_replicated_gradients_double_counts(ranks, case_id):
     """Each rank holds the full gradient of a replicated input; their sum counts it ``P`` times."""
     name = NAIVE_SUM_INPUT[len(ranks)][case_id]

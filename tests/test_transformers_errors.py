@@ -1,6 +1,6 @@
 """What the transformers integration refuses (catalogued, never computed wrongly), and the errors
-that teach around it: the heads-first layout hint, the kernels without a backend (``softcap=None``: in
-``tests/test_kvcache_errors.py``)."""
+that teach around it: the heads-first layout hint, the kernels without a backend (``softcap=None``:
+in ``tests/test_kvcache_errors.py``)."""
 
 from __future__ import annotations
 
@@ -83,13 +83,21 @@ def test_key_range_is_leftpad_and_seqlens():
 def test_heads_first_layout_gets_the_hint():
     q, k_cache = torch.randn(2, 1, 4, 16), torch.randn(2, 5, 2, 16)
     with pytest.raises(ValueError) as info:
-        attn_ref.flash_attn_with_kvcache(q.transpose(1, 2), k_cache.transpose(1, 2), k_cache.transpose(1, 2))
-    assert str(info.value).startswith("the number of key/value heads (5) must divide the number of query heads (1); "
-                                      "q (2, 4, 1, 16) and k_cache (2, 2, 5, 16) look like (batch, heads, seqlen, dim)")
+        attn_ref.flash_attn_with_kvcache(
+            q.transpose(1, 2), k_cache.transpose(1, 2), k_cache.transpose(1, 2)
+        )
+    assert str(info.value).startswith(
+        "the number of key/value heads (5) must divide the number of query heads (1); "
+        "q (2, 4, 1, 16) and k_cache (2, 2, 5, 16) look like (batch, "
+        "heads, seqlen, dim)"
+    )
     odd = torch.randn(2, 1, 3, 16)  # not heads-first: the plain message
     with pytest.raises(ValueError) as info:
         attn_ref.flash_attn_with_kvcache(odd, k_cache, k_cache)
-    assert str(info.value) == "the number of key/value heads (2) must divide the number of query heads (3)"
+    assert (
+        str(info.value)
+        == "the number of key/value heads (2) must divide the number of query heads (3)"
+    )
 
 
 KERNELS_ON_CPU = """
@@ -112,10 +120,18 @@ except NotImplementedError as exc:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA device")
 @pytest.mark.parametrize("late", [False, True], ids=["no_interpreter", "interpreter_set_late"])
 def test_kernels_without_a_backend_name_the_fix(late):
-    script = KERNELS_ON_CPU.format(before="", after="os.environ['TRITON_INTERPRET'] = '1'" if late else "")
+    script = KERNELS_ON_CPU.format(
+        before="", after="os.environ['TRITON_INTERPRET'] = '1'" if late else ""
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.splitlines()
     expected = "kernels/interpreter-set-late" if late else "kernels/no-device"
     assert out[0].startswith("NotImplementedError "), out
     assert errors.get(expected)["id"] in out[1] and out[2] == "untouched True", out

@@ -2,7 +2,8 @@
 
 fp32: greedy ``generate`` on a left-padded batch gives eager's tokens exactly, and its logits within
 1e-4 (fp32 summation order; a window off by one key moves them by 0.2 or more), for the four
-families of :mod:`tests.transformers_models`, both implementations; and with a static cache (Gemma-2).
+families of :mod:`tests.transformers_models`, both implementations; and with a static cache
+(Gemma-2).
 
 bf16: each implementation's error against fp32 eager (the logits of a left-padded prefill, at the
 tokens that are not padding) is at most ``MARGIN`` times transformers' own bf16 baseline, ``sdpa``
@@ -63,10 +64,13 @@ def test_bf16_as_close_to_eager_as_sdpa(family):
     exact = prefill_logits(tiny_model(family), "eager")
     model = tiny_model(family, torch.bfloat16)
     baseline = "eager" if family == "gemma2" else "sdpa"
-    errors = {impl: (prefill_logits(model, impl) - exact).abs() for impl in (baseline, *IMPLEMENTATIONS)}
+    errors = {
+        impl: (prefill_logits(model, impl) - exact).abs() for impl in (baseline, *IMPLEMENTATIONS)
+    }
     figures = {impl: (e.mean().item(), e.max().item()) for impl, e in errors.items()}
     print(family, figures)
-    ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().max())).item() - 7)  # bf16's at the largest logit
+    # bf16's at the largest logit
+    ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().max())).item() - 7)
     for impl in IMPLEMENTATIONS:
         assert figures[impl][0] <= MARGIN_MEAN * figures[baseline][0], figures
         assert figures[impl][1] <= MARGIN_MAX * figures[baseline][1] + ulp, figures
@@ -78,8 +82,15 @@ def test_static_cache_is_eager(family):
     model, outputs = tiny_model(family), {}
     for implementation in ("eager", "attn_ref"):
         model.set_attn_implementation(implementation)
-        out = model.generate(**padded_batch(), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
-                             cache_implementation="static", output_logits=True, return_dict_in_generate=True)
+        out = model.generate(
+            **padded_batch(),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            cache_implementation="static",
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         outputs[implementation] = out.sequences, torch.stack(out.logits, 1)
     assert torch.equal(outputs["attn_ref"][0], outputs["eager"][0])
     assert (outputs["attn_ref"][1] - outputs["eager"][1]).abs().max().item() <= 1e-4

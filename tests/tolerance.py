@@ -2,5 +2,9 @@
 (shared with the conformance suite)."""
 
 from attn_ref.conformance.tolerance import (  # noqa: F401
-    EPS, assert_close_fa, assert_lse_close, assert_one_rounding_apart, rounding_atol,
+    EPS,
+    assert_close_fa,
+    assert_lse_close,
+    assert_one_rounding_apart,
+    rounding_atol,
 )

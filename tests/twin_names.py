@@ -8,5 +8,6 @@ from __future__ import annotations
 
 
 def twin_name(name: str) -> str:
-    """``_split_states_kernel``, ``_split_states`` -> ``split_states``; ``plan_append_kv`` -> ``append_kv``."""
+    """``_split_states_kernel``, ``_split_states`` -> ``split_states``; ``plan_append_kv`` ->
+    ``append_kv``."""
     return name.lstrip("_").removeprefix("plan_").removesuffix("_kernel")

@@ -16,9 +16,11 @@ import os
 
 import torch
 
-device = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernel comparison at the end runs
+# where the kernel comparison at the end runs
+device = "cuda" if torch.cuda.is_available() else "cpu"
 if device == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"  # run Triton kernels in the interpreter; set before importing them
+    # run Triton kernels in the interpreter; set before importing them
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import matplotlib.pyplot as plt
 from matplotlib.colors import ListedColormap
@@ -32,10 +34,11 @@ _ = torch.manual_seed(0)
 #
 # Take a toy sequence of 12 tokens whose queries, keys and values are already computed (a real model
 # gets them from its projections). Layout: `(seqlen, heads, head_dim)`. Attending all tokens at once
-# with a causal mask (`attn_ref.AttentionMask(causal=True)`, the mask object the reference's building
-# blocks take) gives, in row $t$, what token $t$ should get from attention:
+# with a causal mask (`attn_ref.AttentionMask(causal=True)`, the mask object the reference's
+# building blocks take) gives, in row $t$, what token $t$ should get from attention:
 #
-# $$\text{out}_t = \sum_{j \le t} \operatorname{softmax}_j\!\left(\frac{q_t \cdot k_j}{\sqrt{d}}\right) v_j .$$
+# $$\text{out}_t = \sum_{j \le t} \operatorname{softmax}_j\!\left(\frac{q_t \cdot
+# k_j}{\sqrt{d}}\right) v_j .$$
 
 # %%
 tokens, h, d = 12, 2, 16
@@ -58,13 +61,13 @@ expected.shape
 # tokens at once (a "prefill", causal), then decode the other 8 one at a time.
 #
 # <div class="admonition warning">
-# <p class="admonition-title">The call appends in place, and does not advance <code>cache_seqlens</code></p>
-# <p>The new <code>k</code> and <code>v</code> are written <strong>into</strong> <code>k_cache</code> and
-# <code>v_cache</code>; <code>cache_seqlens</code> is never changed by the call. After each call the caller
-# advances it by the number of new tokens (here <code>step</code> passes <code>cache_seqlens=start</code>,
-# the number of tokens appended so far). Forget it and the next call overwrites the same slots and attends
-# to a cache one step short. Copy the caches first if you still need their old contents.</p>
-# </div>
+# <p class="admonition-title">The call appends in place, and does not advance
+# <code>cache_seqlens</code></p> <p>The new <code>k</code> and <code>v</code> are written
+# <strong>into</strong> <code>k_cache</code> and <code>v_cache</code>; <code>cache_seqlens</code> is
+# never changed by the call. After each call the caller advances it by the number of new tokens
+# (here <code>step</code> passes <code>cache_seqlens=start</code>, the number of tokens appended so
+# far). Forget it and the next call overwrites the same slots and attends to a cache one step short.
+# Copy the caches first if you still need their old contents.</p> </div>
 
 # %%
 capacity, prompt = 16, 4
@@ -74,8 +77,14 @@ k_cache, v_cache = torch.zeros(1, capacity, h, d), torch.zeros(1, capacity, h, d
 def step(start, end, k_cache, v_cache, **cache_args):
     """Append tokens [start, end) to the cache and attend them; returns (end - start, h, d)."""
     out = attn_ref.flash_attn_with_kvcache(
-        q_all[None, start:end], k_cache, v_cache, k=k_all[None, start:end], v=v_all[None, start:end],
-        cache_seqlens=start, causal=True, **cache_args,
+        q_all[None, start:end],
+        k_cache,
+        v_cache,
+        k=k_all[None, start:end],
+        v=v_all[None, start:end],
+        cache_seqlens=start,
+        causal=True,
+        **cache_args,
     )
     return out[0]
 
@@ -95,11 +104,19 @@ print("prefill + 8 decode steps == causal attention over the whole sequence")
 rows = []
 for i, now in enumerate(filled):
     before = filled[i - 1] if i else torch.zeros(capacity, dtype=torch.bool)
-    rows.append(now.int() + (now & ~before).int())  # 0 empty, 1 held before the call, 2 written by it
+    # 0 empty, 1 held before the call, 2 written by it
+    rows.append(now.int() + (now & ~before).int())
 plt.figure(figsize=(6, 3))
-plt.imshow(torch.stack(rows), cmap=ListedColormap(["#eeeeee", "#9ecae1", "#e6550d"]), vmin=0, vmax=2)
-plt.yticks(range(len(rows)), ["prefill"] + [f"decode {t}" for t in range(prompt, tokens)], fontsize=7)
-plt.xlabel("cache slot (position)"), plt.title("blue: already cached, orange: appended by this call", fontsize=9)
+plt.imshow(
+    torch.stack(rows), cmap=ListedColormap(["#eeeeee", "#9ecae1", "#e6550d"]), vmin=0, vmax=2
+)
+plt.yticks(
+    range(len(rows)), ["prefill"] + [f"decode {t}" for t in range(prompt, tokens)], fontsize=7
+)
+(
+    plt.xlabel("cache slot (position)"),
+    plt.title("blue: already cached, orange: appended by this call", fontsize=9),
+)
 plt.show()
 
 # %% [markdown]
@@ -117,19 +134,22 @@ q = torch.randn(b, 1, h, d)  # one decode query per sequence
 
 out = attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
 for i in range(b):
-    k_cache[i, cache_seqlens[i]:], v_cache[i, cache_seqlens[i]:] = 1e4, 1e4
-assert torch.equal(attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens), out)
+    k_cache[i, cache_seqlens[i] :], v_cache[i, cache_seqlens[i] :] = 1e4, 1e4
+assert torch.equal(
+    attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens), out
+)
 
 # %% [markdown]
 # ## `page_table`: a paged cache
 #
 # Reserving `capacity` slots for every sequence wastes memory when lengths vary. A **paged** cache
-# (vLLM's PagedAttention, sglang) cuts memory into pages of `page_size` tokens, shared by all sequences:
-# `k_cache` becomes `(num_pages, page_size, heads, d)`, and a `page_table` of shape
+# (vLLM's PagedAttention, sglang) cuts memory into pages of `page_size` tokens, shared by all
+# sequences: `k_cache` becomes `(num_pages, page_size, heads, d)`, and a `page_table` of shape
 # `(batch, max_pages_per_seq)` lists the pages of each sequence in order. Position $p$ of sequence
 # $r$ lives at
 #
-# $$\mathtt{k\_cache}[\,\mathtt{page\_table}[r,\ \lfloor p / \mathtt{page\_size} \rfloor],\ p \bmod \mathtt{page\_size}\,].$$
+# $$\mathtt{k\_cache}[\,\mathtt{page\_table}[r,\ \lfloor p / \mathtt{page\_size} \rfloor],\ p \bmod
+# \mathtt{page\_size}\,].$$
 #
 # Pages can sit anywhere; here they are handed out in random order.
 
@@ -159,12 +179,22 @@ plt.figure(figsize=(8, 1.6))
 slot_of_page = {page: slot for slot, page in enumerate(one_row[0].tolist())}
 for page in range(num_pages):
     slot = slot_of_page.get(page)
-    held = range(slot * page_size, min((slot + 1) * page_size, tokens)) if slot is not None else range(0)
-    label = f"tokens\n{held.start}-{held.stop - 1}" if held else ("empty" if slot is not None else "")
-    plt.gca().add_patch(plt.Rectangle((page, 0), 0.95, 1, color="#eeeeee" if slot is None else "#9ecae1"))
+    held = (
+        range(slot * page_size, min((slot + 1) * page_size, tokens))
+        if slot is not None
+        else range(0)
+    )
+    label = (
+        f"tokens\n{held.start}-{held.stop - 1}" if held else ("empty" if slot is not None else "")
+    )
+    plt.gca().add_patch(
+        plt.Rectangle((page, 0), 0.95, 1, color="#eeeeee" if slot is None else "#9ecae1")
+    )
     plt.text(page + 0.47, 0.5, label, ha="center", va="center", fontsize=8)
 plt.xlim(0, num_pages), plt.ylim(0, 1), plt.yticks([])
-plt.xticks([p + 0.47 for p in range(num_pages)], [f"page {p}" for p in range(num_pages)], fontsize=7)
+plt.xticks(
+    [p + 0.47 for p in range(num_pages)], [f"page {p}" for p in range(num_pages)], fontsize=7
+)
 plt.title(f"page_table[0] = {one_row[0].tolist()}", fontsize=9)
 plt.show()
 
@@ -186,7 +216,9 @@ k_cache, v_cache = torch.randn(b, capacity, h, d), torch.randn(b, capacity, h, d
 k_cache[1, :3], v_cache[1, :3] = 1e4, -1e4  # padding
 cache_seqlens = torch.tensor([7, 7], dtype=torch.int32)
 cache_leftpad = torch.tensor([0, 3], dtype=torch.int32)
-out = attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad)
+out = attn_ref.flash_attn_with_kvcache(
+    q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad
+)
 
 real_tokens_only, _ = attn_ref.attention_with_lse(q[1], k_cache[1, 3:7], v_cache[1, 3:7], d**-0.5)
 torch.testing.assert_close(out[1], real_tokens_only)
@@ -210,7 +242,9 @@ gqa = attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_
 
 # The same thing with every KV head copied for its group: ordinary multi-head attention.
 mha = attn_ref.flash_attn_with_kvcache(
-    q, k_cache.repeat_interleave(h // h_k, dim=2), v_cache.repeat_interleave(h // h_k, dim=2),
+    q,
+    k_cache.repeat_interleave(h // h_k, dim=2),
+    v_cache.repeat_interleave(h // h_k, dim=2),
     cache_seqlens=cache_seqlens,
 )
 torch.testing.assert_close(gqa, mha)
@@ -221,10 +255,11 @@ print("query head -> KV head:", {head: head // g for head in range(h)})
 # ## Everything at once, on the reference and on the Triton kernel
 #
 # A realistic decode step combines all of it: a paged cache shared by a batch, per-sequence lengths,
-# left padding, GQA, and one new token per sequence appended in place. `kernels.flash_attn_with_kvcache`
-# takes exactly the same arguments as `attn_ref.flash_attn_with_kvcache`; swapping one import for the
-# other is the whole change. Without a GPU the kernel runs in Triton's interpreter (set up in the
-# first cell), which is slow, so the shapes stay tiny.
+# left padding, GQA, and one new token per sequence appended in place.
+# `kernels.flash_attn_with_kvcache` takes exactly the same arguments as
+# `attn_ref.flash_attn_with_kvcache`; swapping one import for the other is the whole change. Without
+# a GPU the kernel runs in Triton's interpreter (set up in the first cell), which is slow, so the
+# shapes stay tiny.
 #
 # Both calls modify their caches, so each gets a fresh copy of the same inputs.
 
@@ -233,26 +268,32 @@ import kernels
 
 
 def decode_inputs(dtype):
-    """One decode step for a batch of 2: paged GQA cache (page_size=4, 4 query / 2 KV heads), lengths 6
-    and 9, left padding 0 and 2, one new token each. Same numbers at every call."""
+    """One decode step for a batch of 2: paged GQA cache (page_size=4, 4 query / 2 KV heads),
+    lengths 6 and 9, left padding 0 and 2, one new token each. Same numbers at every call."""
     g = torch.Generator().manual_seed(1)
     rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)
     page_size, h, h_k, d = 4, 4, 2, 16
     tensors = dict(
-        q=rand(2, 1, h, d), k_cache=rand(8, page_size, h_k, d), v_cache=rand(8, page_size, h_k, d),
-        k=rand(2, 1, h_k, d), v=rand(2, 1, h_k, d),
+        q=rand(2, 1, h, d),
+        k_cache=rand(8, page_size, h_k, d),
+        v_cache=rand(8, page_size, h_k, d),
+        k=rand(2, 1, h_k, d),
+        v=rand(2, 1, h_k, d),
         page_table=torch.tensor([[5, 1, 7, 0], [2, 6, 3, 4]], dtype=torch.int32),
         cache_seqlens=torch.tensor([6, 9], dtype=torch.int32),
         cache_leftpad=torch.tensor([0, 2], dtype=torch.int32),
     )
-    return {name: x.to(device) for name, x in tensors.items()} | dict(causal=True, return_softmax_lse=True)
+    return {name: x.to(device) for name, x in tensors.items()} | dict(
+        causal=True, return_softmax_lse=True
+    )
 
 
 ref_args, kernel_args = decode_inputs(torch.float32), decode_inputs(torch.float32)
 ref_out, ref_lse, *_ = attn_ref.flash_attn_with_kvcache(**ref_args)
 kernel_out, kernel_lse, *_ = kernels.flash_attn_with_kvcache(**kernel_args)
 
-assert torch.equal(kernel_args["k_cache"], ref_args["k_cache"])  # the same tokens appended, in place
+# the same tokens appended, in place
+assert torch.equal(kernel_args["k_cache"], ref_args["k_cache"])
 assert torch.equal(kernel_args["v_cache"], ref_args["v_cache"])
 torch.testing.assert_close(kernel_out, ref_out)
 torch.testing.assert_close(kernel_lse, ref_lse)
@@ -268,6 +309,7 @@ print("fp32: max |kernel - reference| =", (kernel_out - ref_out).abs().max().ite
 #
 # The oracle is the reference on the fp16 inputs (it computes in fp32), and the fp16 baseline is the
 # attention written out with fp16 tensors, on the keys each sequence sees.
+
 
 # %%
 def fp16_attention(args):
@@ -300,20 +342,27 @@ assert kernel_error <= 2 * fp16_error + 1e-5
 # %%
 ref_args, kernel_args = decode_inputs(torch.float32), decode_inputs(torch.float32)
 _, _, ref_accum, ref_lse_accum = attn_ref.flash_attn_with_kvcache(**ref_args, num_splits=3)
-kernel_out, _, kernel_accum, kernel_lse_accum = kernels.flash_attn_with_kvcache(**kernel_args, num_splits=3)
+kernel_out, _, kernel_accum, kernel_lse_accum = kernels.flash_attn_with_kvcache(
+    **kernel_args, num_splits=3
+)
 torch.testing.assert_close(kernel_accum, ref_accum)
 torch.testing.assert_close(kernel_lse_accum, ref_lse_accum)
 torch.testing.assert_close(kernel_out, ref_out)
-print("partial states per split:", tuple(kernel_accum.shape), "(splits, batch, heads, seqlen_q, dv)")
+print(
+    "partial states per split:", tuple(kernel_accum.shape), "(splits, batch, heads, seqlen_q, dv)"
+)
 
 # %% [markdown]
 # ## Summary
 #
 # | Parameter | What it does |
 # |---|---|
-# | `k`, `v` + `cache_seqlens` | append new tokens at position `cache_seqlens[b]` (in place), then attend |
-# | `cache_seqlens` | `(batch,)` absolute end of each sequence's cached tokens; later slots are ignored |
-# | `page_table` | `(batch, pages)`: position $p$ lives in page `page_table[i, p // page_size]`, slot `p % page_size` |
+# | `k`, `v` + `cache_seqlens` | append new tokens at position `cache_seqlens[b]` (in place), then
+# attend |
+# | `cache_seqlens` | `(batch,)` absolute end of each sequence's cached tokens; later slots are
+# ignored |
+# | `page_table` | `(batch, pages)`: position $p$ lives in page `page_table[i, p // page_size]`,
+# slot `p % page_size` |
 # | `cache_leftpad` | `(batch,)` first real position; keys before it are never seen |
 # | $h_k < h$ (GQA) | query head `head` reads KV head `head // g`, $g = h / h_k$ |
 #

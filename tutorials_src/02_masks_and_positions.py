@@ -23,8 +23,9 @@ _ = torch.manual_seed(0)
 # `attn_ref.AttentionMask(causal=..., window_size=..., attention_chunk=...)` is the mask that
 # `flash_attn_with_kvcache`'s three mask options ask for, as one object. Its method
 # `visible_keys(seqlen_q, seqlen_k)` returns a boolean matrix of shape `(seqlen_q, seqlen_k)`: entry
-# $(i, j)$ is `True` when query row $i$ may attend key $j$. A small helper builds that matrix from the
-# options, another draws several of them side by side (dark = visible).
+# $(i, j)$ is `True` when query row $i$ may attend key $j$. A small helper builds that matrix from
+# the options, another draws several of them side by side (dark = visible).
+
 
 # %%
 def visible(seqlen_q: int, seqlen_k: int, **options) -> torch.Tensor:
@@ -55,8 +56,8 @@ def show_masks(masks: dict, size: float = 2.6):
 # triangle: token $i$ sees tokens $0 \dots i$.
 #
 # During **decoding** the queries are only the *newest* tokens: the cache holds `seqlen_k` keys and
-# the `seqlen_q` queries are its last `seqlen_q` tokens. Query row $i$ therefore sits at key position
-# $i + \Delta$ with
+# the `seqlen_q` queries are its last `seqlen_q` tokens. Query row $i$ therefore sits at key
+# position $i + \Delta$ with
 #
 # $$\Delta = \mathrm{seqlen\_k} - \mathrm{seqlen\_q},$$
 #
@@ -64,11 +65,13 @@ def show_masks(masks: dict, size: float = 2.6):
 # so the last query always sees every key.
 
 # %%
-show_masks({
-    "causal, sq=sk=6": visible(6, 6, causal=True),
-    "causal, sq=2, sk=5": visible(2, 5, causal=True),
-    "causal, sq=5, sk=2": visible(5, 2, causal=True),
-})
+show_masks(
+    {
+        "causal, sq=sk=6": visible(6, 6, causal=True),
+        "causal, sq=2, sk=5": visible(2, 5, causal=True),
+        "causal, sq=5, sk=2": visible(5, 2, causal=True),
+    }
+)
 
 # %% [markdown]
 # With more queries than keys ($\Delta < 0$, third panel) the first rows see **no key at all**.
@@ -85,7 +88,9 @@ torch.softmax(scores, dim=0)
 # %%
 q = torch.randn(1, 5, 1, 8)  # (batch, seqlen_q, heads, head_dim)
 k_cache, v_cache = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)  # a cache of 2 keys
-out, lse, *_ = attn_ref.flash_attn_with_kvcache(q, k_cache, v_cache, causal=True, return_softmax_lse=True)
+out, lse, *_ = attn_ref.flash_attn_with_kvcache(
+    q, k_cache, v_cache, causal=True, return_softmax_lse=True
+)
 print("output rows:\n", out[0, :, 0, :3])
 print("lse per row:", lse[0, 0])
 
@@ -101,18 +106,20 @@ print("lse per row:", lse[0, 0])
 # $\text{left} + 1$ keys, the mask of Mistral-style local attention.
 
 # %%
-show_masks({
-    "window (2, 0)": visible(6, 6, window_size=(2, 0)),
-    "window (2, 1)": visible(6, 6, window_size=(2, 1)),
-    "causal + window (2, 3)": visible(6, 6, causal=True, window_size=(2, 3)),
-    "window (1, 1), sq=3, sk=8": visible(3, 8, window_size=(1, 1)),
-})
+show_masks(
+    {
+        "window (2, 0)": visible(6, 6, window_size=(2, 0)),
+        "window (2, 1)": visible(6, 6, window_size=(2, 1)),
+        "causal + window (2, 3)": visible(6, 6, causal=True, window_size=(2, 3)),
+        "window (1, 1), sq=3, sk=8": visible(3, 8, window_size=(1, 1)),
+    }
+)
 
 # %% [markdown]
 # The third panel equals the first: causal replaced the right side 3 by 0. And `window_size=(-1, 0)`
-# *is* the causal mask. `AttentionMask` applies these rules once, when it is built (as FlashAttention
-# normalises its options): it keeps only the two window sides (-1 for an unbounded side) and the
-# chunk size, so different spellings of one mask give equal objects.
+# *is* the causal mask. `AttentionMask` applies these rules once, when it is built (as
+# FlashAttention normalises its options): it keeps only the two window sides (-1 for an unbounded
+# side) and the chunk size, so different spellings of one mask give equal objects.
 
 # %%
 causal_window = attn_ref.AttentionMask(causal=True, window_size=(2, 3))
@@ -132,23 +139,27 @@ causal_window
 #
 # and it sees $\text{start} \le j < \text{start} + c$, combined with the causal and window rules.
 # The modulo is a *floor* modulo, so a negative $p$ (a row above the diagonal when
-# $\mathrm{seqlen\_q} > \mathrm{seqlen\_k}$) lands in a chunk of negative positions and sees nothing.
+# $\mathrm{seqlen\_q} > \mathrm{seqlen\_k}$) lands in a chunk of negative positions and sees
+# nothing.
 
 # %%
-show_masks({
-    "chunk 4, causal": visible(8, 8, causal=True, attention_chunk=4),
-    "chunk 4, causal, sq=3, sk=8": visible(3, 8, causal=True, attention_chunk=4),
-    "chunk 3 + window (1, 0)": visible(8, 8, window_size=(1, 0), attention_chunk=3),
-    "chunk 2, causal, sq=5, sk=2": visible(5, 2, causal=True, attention_chunk=2),
-})
+show_masks(
+    {
+        "chunk 4, causal": visible(8, 8, causal=True, attention_chunk=4),
+        "chunk 4, causal, sq=3, sk=8": visible(3, 8, causal=True, attention_chunk=4),
+        "chunk 3 + window (1, 0)": visible(8, 8, window_size=(1, 0), attention_chunk=3),
+        "chunk 2, causal, sq=5, sk=2": visible(5, 2, causal=True, attention_chunk=2),
+    }
+)
 
 # %% [markdown]
 # ## The mask inside attention
 #
 # The mask enters the scores as $-\infty$ before the softmax:
 #
-# $$\ell_{ij} = \begin{cases} \text{scale}\cdot q_i \cdot k_j & j \text{ visible to } i \\ -\infty & \text{otherwise} \end{cases}
-# \qquad \text{out}_i = \sum_j \operatorname{softmax}(\ell_i)_j \, v_j .$$
+# $$\ell_{ij} = \begin{cases} \text{scale}\cdot q_i \cdot k_j & j \text{ visible to } i \\ -\infty &
+# \text{otherwise} \end{cases} \qquad \text{out}_i = \sum_j \operatorname{softmax}(\ell_i)_j \, v_j
+# .$$
 #
 # Written out by hand for one head it gives the same numbers as `attention_with_lse`, which takes
 # `(seqlen, heads, dim)` tensors and the mask object, and returns the output and the log-sum-exp:
@@ -158,7 +169,9 @@ sq, sk, d = 4, 10, 8
 q, k, v = torch.randn(sq, 1, d), torch.randn(sk, 1, d), torch.randn(sk, 1, d)
 mask = attn_ref.AttentionMask(causal=True, window_size=(3, 0))
 logits = (q[:, 0] @ k[:, 0].T) * d**-0.5
-by_hand = torch.softmax(logits.masked_fill(~mask.visible_keys(sq, sk), float("-inf")), dim=-1) @ v[:, 0]
+by_hand = (
+    torch.softmax(logits.masked_fill(~mask.visible_keys(sq, sk), float("-inf")), dim=-1) @ v[:, 0]
+)
 
 out, lse = attn_ref.attention_with_lse(q, k, v, softmax_scale=d**-0.5, mask=mask)
 torch.testing.assert_close(out[:, 0], by_hand)
@@ -189,10 +202,13 @@ rotary_cos, rotary_sin = angles.cos(), angles.sin()
 # depends only on the **distance** $p_q - p_k$: the curves below, for three different key positions,
 # lie on top of each other.
 
+
 # %%
 def rotate(x, position):
     """x: (dim,) at one position -> rotated (dim,), through attn_ref.apply_rotary (GPT-J pairs)."""
-    return attn_ref.apply_rotary(x[None, None], rotary_cos, rotary_sin, torch.tensor([position]), True)[0, 0]
+    return attn_ref.apply_rotary(
+        x[None, None], rotary_cos, rotary_sin, torch.tensor([position]), True
+    )[0, 0]
 
 
 q_vec, k_vec = torch.randn(d), torch.randn(d)
@@ -208,7 +224,8 @@ plt.show()
 # ### Two ways to pair the channels
 #
 # * `rotary_interleaved=True` (GPT-J): pairs are channels $(0, 1), (2, 3), \dots$
-# * `rotary_interleaved=False` (GPT-NeoX, Llama): pairs are channels $(m, m + \mathrm{rotary\_dim}/2)$.
+# * `rotary_interleaved=False` (GPT-NeoX, Llama): pairs are channels $(m, m +
+# \mathrm{rotary\_dim}/2)$.
 #
 # They are the same rotation applied to a different channel order. Reordering the channels as
 # "even ones, then odd ones" turns one layout into the other:
@@ -218,7 +235,9 @@ x = torch.randn(3, 2, d)  # (tokens, heads, dim)
 positions = torch.tensor([4, 9, 30])
 even_then_odd = torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])
 gptj = attn_ref.apply_rotary(x, rotary_cos, rotary_sin, positions, interleaved=True)
-neox = attn_ref.apply_rotary(x[..., even_then_odd], rotary_cos, rotary_sin, positions, interleaved=False)
+neox = attn_ref.apply_rotary(
+    x[..., even_then_odd], rotary_cos, rotary_sin, positions, interleaved=False
+)
 torch.testing.assert_close(gptj[..., even_then_odd], neox)
 
 # %% [markdown]
@@ -232,18 +251,29 @@ torch.testing.assert_close(gptj[..., even_then_odd], neox)
 
 # %%
 h, cached, new = 2, 5, 3
-k_cache, v_cache = torch.zeros(1, 16, h, d), torch.zeros(1, 16, h, d)  # (batch, capacity, heads, dim)
-k_cache[:, :cached], v_cache[:, :cached] = torch.randn(1, cached, h, d), torch.randn(1, cached, h, d)
+# (batch, capacity, heads, dim)
+k_cache, v_cache = torch.zeros(1, 16, h, d), torch.zeros(1, 16, h, d)
+k_cache[:, :cached], v_cache[:, :cached] = (
+    torch.randn(1, cached, h, d),
+    torch.randn(1, cached, h, d),
+)
 k_new, v_new, q = torch.randn(1, new, h, d), torch.randn(1, new, h, d), torch.randn(1, new, h, d)
 cache_seqlens = torch.tensor([cached], dtype=torch.int32)
 
 out_causal = attn_ref.flash_attn_with_kvcache(
-    q, k_cache, v_cache, k=k_new, v=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-    cache_seqlens=cache_seqlens, causal=True,
+    q,
+    k_cache,
+    v_cache,
+    k=k_new,
+    v=v_new,
+    rotary_cos=rotary_cos,
+    rotary_sin=rotary_sin,
+    cache_seqlens=cache_seqlens,
+    causal=True,
 )
 new_positions = torch.arange(cached, cached + new)
 stored = attn_ref.apply_rotary(k_new[0], rotary_cos, rotary_sin, new_positions, interleaved=True)
-torch.testing.assert_close(k_cache[0, cached:cached + new], stored)
+torch.testing.assert_close(k_cache[0, cached : cached + new], stored)
 print("new keys were written rotated at positions", new_positions.tolist())
 
 # %% [markdown]
@@ -268,13 +298,26 @@ expected, _ = attn_ref.attention_with_lse(
 torch.testing.assert_close(out_causal[0], expected)
 
 out_plain = attn_ref.flash_attn_with_kvcache(
-    q, k_cache, v_cache, rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_seqlens=cached,
-    k=k_new, v=v_new,  # rewrites the same rotated keys at the same positions
+    q,
+    k_cache,
+    v_cache,
+    rotary_cos=rotary_cos,
+    rotary_sin=rotary_sin,
+    cache_seqlens=cached,
+    k=k_new,
+    v=v_new,  # rewrites the same rotated keys at the same positions
 )
-q_rows_at_one_position = attn_ref.apply_rotary(q[0], rotary_cos, rotary_sin, torch.full((new,), cached), True)
+q_rows_at_one_position = attn_ref.apply_rotary(
+    q[0], rotary_cos, rotary_sin, torch.full((new,), cached), True
+)
 expected, _ = attn_ref.attention_with_lse(q_rows_at_one_position, keys, values, scale)
 torch.testing.assert_close(out_plain[0], expected)
-print("causal: q rows at positions", new_positions.tolist(), "| no mask: every q row at position", cached)
+print(
+    "causal: q rows at positions",
+    new_positions.tolist(),
+    "| no mask: every q row at position",
+    cached,
+)
 
 # %% [markdown]
 # ## Summary
@@ -283,9 +326,11 @@ print("causal: q rows at positions", new_positions.tolist(), "| no mask: every q
 # |---|---|
 # | `causal=True` | $j \le i + \Delta$ |
 # | `window_size=(l, r)` | $i + \Delta - l \le j \le i + \Delta + r$ (causal forces $r = 0$) |
-# | `attention_chunk=c` | $j$ in the chunk of $i + \Delta$: $[\,p - (p \bmod c),\; p - (p \bmod c) + c)$ |
+# | `attention_chunk=c` | $j$ in the chunk of $i + \Delta$: $[\,p - (p \bmod c),\; p - (p \bmod c) +
+# c)$ |
 #
-# with $\Delta = \mathrm{seqlen\_k} - \mathrm{seqlen\_q}$ (bottom-right alignment), all the switched-on
-# rules together; `attn_ref.AttentionMask(**options)` is that mask as one normalised object. A row
-# that sees nothing outputs 0 with LSE $-\infty$. Rotary rotates new keys at `cache_seqlens + t`, and queries
-# at `cache_seqlens + i` (causal/local) or all at `cache_seqlens` (no mask).
+# with $\Delta = \mathrm{seqlen\_k} - \mathrm{seqlen\_q}$ (bottom-right alignment), all the
+# switched-on rules together; `attn_ref.AttentionMask(**options)` is that mask as one normalised
+# object. A row that sees nothing outputs 0 with LSE $-\infty$. Rotary rotates new keys at
+# `cache_seqlens + t`, and queries at `cache_seqlens + i` (causal/local) or all at `cache_seqlens`
+# (no mask).

@@ -19,15 +19,15 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## What the extra term computes
 #
-# Without `qv`, the score of query row $i$ and key $j$ is $s_{ij} = q_i \cdot k_j$. With `qv` it gains
-# a second dot product, against the value vector of the same key:
+# Without `qv`, the score of query row $i$ and key $j$ is $s_{ij} = q_i \cdot k_j$. With `qv` it
+# gains a second dot product, against the value vector of the same key:
 #
 # $$s_{ij} = q_i \cdot k_j + qv_i \cdot v_j, \qquad
 # \text{out}_i = \sum_j \operatorname{softmax}_j(\text{scale} \cdot s_{ij})\, v_j .$$
 #
 # Shapes: `q` is `(batch, seqlen_q, heads, d)`, `qv` is `(batch, seqlen_q, heads, dv)`, the caches
-# are `(batch, seqlen_k, heads_k, d)` and `(batch, seqlen_k, heads_k, dv)`. MLA uses a single KV head
-# shared by all query heads.
+# are `(batch, seqlen_k, heads_k, d)` and `(batch, seqlen_k, heads_k, dv)`. MLA uses a single KV
+# head shared by all query heads.
 
 # %%
 b, sq, h, d, dv, sk = 1, 1, 4, 8, 16, 12
@@ -47,7 +47,9 @@ keys = torch.arange(sk)
 plt.figure(figsize=(7, 3))
 plt.bar(keys - 0.2, qk_part, width=0.4, label="q · k_j")
 plt.bar(keys + 0.2, qv_part, width=0.4, label="qv · v_j")
-plt.plot(keys, qk_part + qv_part, "k_", markersize=14, markeredgewidth=2, label="score s_j (the sum)")
+plt.plot(
+    keys, qk_part + qv_part, "k_", markersize=14, markeredgewidth=2, label="score s_j (the sum)"
+)
 plt.axhline(0, color="grey", linewidth=0.5)
 plt.xlabel("key j"), plt.legend(fontsize=8)
 plt.show()
@@ -64,7 +66,8 @@ plt.show()
 # and its query is $q^h = [\, q^h_{\text{nope}} \;;\; q^h_{\text{rope}} \,]$. The score is
 #
 # $$q^h \cdot k^h_j = q^h_{\text{nope}} \cdot W^h_{UK} c_j + q^h_{\text{rope}} \cdot r_j
-# = \underbrace{\big(W^{h\top}_{UK} q^h_{\text{nope}}\big)}_{qv^h} \cdot\, c_j + q^h_{\text{rope}} \cdot r_j .$$
+# = \underbrace{\big(W^{h\top}_{UK} q^h_{\text{nope}}\big)}_{qv^h} \cdot\, c_j + q^h_{\text{rope}}
+# \cdot r_j .$$
 #
 # Moving $W_{UK}$ onto the query ("absorbing" it) means the cache never has to be decompressed: the
 # **latent cache plays the role of V**, the rotary keys the role of K, and
@@ -74,7 +77,8 @@ plt.show()
 # Let us check it with small sizes.
 
 # %%
-d_c, d_r, d_nope, d_head_v, sk = 16, 8, 12, 10, 20  # latent, rotary, no-pe query, per-head value dims
+# latent, rotary, no-pe query, per-head value dims
+d_c, d_r, d_nope, d_head_v, sk = 16, 8, 12, 10, 20
 latent = torch.randn(sk, d_c)  # c_j: what the V cache holds
 rope_keys = torch.randn(sk, d_r)  # r_j: what the K cache holds
 w_uk, w_uv = torch.randn(h, d_nope, d_c) / d_c**0.5, torch.randn(h, d_head_v, d_c) / d_c**0.5
@@ -85,7 +89,9 @@ scale = (d_nope + d_r) ** -0.5  # MLA's scale: the head dim of the *decompressed
 # The long way: decompress keys and values for every head and run plain attention.
 
 # %%
-keys_full = torch.cat([torch.einsum("hnc,sc->shn", w_uk, latent), rope_keys[:, None].expand(sk, h, d_r)], -1)
+keys_full = torch.cat(
+    [torch.einsum("hnc,sc->shn", w_uk, latent), rope_keys[:, None].expand(sk, h, d_r)], -1
+)
 values_full = torch.einsum("hvc,sc->shv", w_uv, latent)  # (sk, h, d_head_v)
 query_full = torch.cat([q_nope, q_rope], -1)[None]  # (1, h, d_nope + d_r)
 mla_long, _ = attn_ref.attention_with_lse(query_full, keys_full, values_full, scale)
@@ -96,7 +102,10 @@ mla_long, _ = attn_ref.attention_with_lse(query_full, keys_full, values_full, sc
 # %%
 qv_absorbed = torch.einsum("hnc,hn->hc", w_uk, q_nope)  # (h, d_c)
 latent_mix = attn_ref.flash_attn_with_kvcache(
-    q_rope[None, None], rope_keys[None, :, None], latent[None, :, None], qv=qv_absorbed[None, None],
+    q_rope[None, None],
+    rope_keys[None, :, None],
+    latent[None, :, None],
+    qv=qv_absorbed[None, None],
     softmax_scale=scale,
 )  # (1, 1, h, d_c)
 mla_absorbed = torch.einsum("hvc,hc->hv", w_uv, latent_mix[0, 0])
@@ -105,13 +114,13 @@ print("max difference:", (mla_absorbed - mla_long[0]).abs().max().item())
 
 # %% [markdown]
 # The cache holds $d_c + d_r$ numbers per token instead of the $h\,(d_{\text{nope}} + d_r + d_v)$ of
-# the decompressed keys and values. With DeepSeek-V3's sizes ($d_c = 512$, $d_r = 64$, 128 heads with
-# $d_{\text{nope}} = d_v = 128$) that is 576 numbers per token instead of 40,960.
+# the decompressed keys and values. With DeepSeek-V3's sizes ($d_c = 512$, $d_r = 64$, 128 heads
+# with $d_{\text{nope}} = d_v = 128$) that is 576 numbers per token instead of 40,960.
 #
 # ## The default scale
 #
-# Note that we passed `softmax_scale` ourselves. When it is left at `None`, the call treats $[q ; qv]$
-# as one long query of $d + d_v$ channels against the long key $[k ; v]$, and uses
+# Note that we passed `softmax_scale` ourselves. When it is left at `None`, the call treats $[q ;
+# qv]$ as one long query of $d + d_v$ channels against the long key $[k ; v]$, and uses
 #
 # | call | default `softmax_scale` |
 # |---|---|
@@ -147,7 +156,8 @@ print("max change of the output:", (default_scale - latent_mix).abs().max().item
 # Some MLA layers use no rotary part at all ($d_r = 0$, "NoPE"). Then the score is only the latent
 # term, and `only_qv=True` computes
 #
-# $$s_{ij} = qv_i \cdot v_j, \qquad \text{out}_i = \sum_j \operatorname{softmax}_j\!\big(s_{ij}/\sqrt{d_v}\big)\, v_j ,$$
+# $$s_{ij} = qv_i \cdot v_j, \qquad \text{out}_i = \sum_j
+# \operatorname{softmax}_j\!\big(s_{ij}/\sqrt{d_v}\big)\, v_j ,$$
 #
 # skipping $q \cdot k$ entirely. Since neither `q` nor the K cache is read, both may be `None`
 # (sglang then makes a placeholder K cache and a dummy `q`).
@@ -169,9 +179,9 @@ assert torch.equal(ignored, only)
 # ## Why `q=None` is allowed only with `only_qv`
 #
 # Without `only_qv`, the score contains $q_i \cdot k_j$, so there is nothing to compute without `q`.
-# The checks follow sglang's wrapper, in sglang's order, and each one says what to do. Each cell below
-# makes the mistake on purpose, asserts that the expected error happened, and resolves it to its
-# entry in the error catalog with `errors.lookup` (tutorial 6 shows what an entry holds).
+# The checks follow sglang's wrapper, in sglang's order, and each one says what to do. Each cell
+# below makes the mistake on purpose, asserts that the expected error happened, and resolves it to
+# its entry in the error catalog with `errors.lookup` (tutorial 6 shows what an entry holds).
 
 # %%
 try:
@@ -219,7 +229,8 @@ else:
 #
 # ## Summary
 #
-# * `qv` adds $qv_i \cdot v_j$ to every score: MLA's absorbed no-pe term, with the latent cache as V.
+# * `qv` adds $qv_i \cdot v_j$ to every score: MLA's absorbed no-pe term, with the latent cache as
+# V.
 # * The default scale counts both parts, $1/\sqrt{d + d_v}$; MLA callers pass their own.
 # * `only_qv=True` keeps only that term (scale $1/\sqrt{d_v}$); it is the one mode where `q` and
 #   `k_cache` may be `None`.

@@ -76,16 +76,18 @@ bounds
 
 # %%
 partials = [  # (o_s (sq, h, d), lse_s (sq, h)) per split
-    attn_ref.attention_with_lse(q, k[k0:k1], v[k0:k1], scale, key_offset=k0, seqlen_k=sk) for k0, k1 in bounds
+    attn_ref.attention_with_lse(q, k[k0:k1], v[k0:k1], scale, key_offset=k0, seqlen_k=sk)
+    for k0, k1 in bounds
 ]
 
-for (k0, k1), (o_s, lse_s) in zip(bounds, partials):
+for (k0, k1), (_, lse_s) in zip(bounds, partials):
     print(f"keys [{k0:4d}, {k1:4d}): lse per head {[round(x, 3) for x in lse_s[0].tolist()]}")
 
 # %% [markdown]
 # ## Merge
 #
 # The merge is associative and commutative, so the partial states fold in any order.
+
 
 # %%
 def merge(a, b):
@@ -144,7 +146,9 @@ torch.testing.assert_close(result[0], out)
 # %%
 for n in (1, 2, 3, 7, 16):
     out_n = attn_ref.flash_attn_with_kvcache(q[None], k_cache, v_cache, num_splits=n)
-    print(f"num_splits={n:2d}: max difference from unsplit {(out_n[0] - out).abs().max().item():.2e}")
+    print(
+        f"num_splits={n:2d}: max difference from unsplit {(out_n[0] - out).abs().max().item():.2e}"
+    )
 
 # %% [markdown]
 # ## A split that sees nothing
@@ -160,9 +164,14 @@ for n in (1, 2, 3, 7, 16):
 window = attn_ref.AttentionMask(causal=True, window_size=(99, 0))
 masked = []
 for k0, k1 in bounds:
-    o_s, lse_s = attn_ref.attention_with_lse(q, k[k0:k1], v[k0:k1], scale, window, key_offset=k0, seqlen_k=sk)
+    o_s, lse_s = attn_ref.attention_with_lse(
+        q, k[k0:k1], v[k0:k1], scale, window, key_offset=k0, seqlen_k=sk
+    )
     masked.append((o_s, lse_s))
-    print(f"keys [{k0:4d}, {k1:4d}): lse {[round(x, 3) for x in lse_s[0].tolist()]}, max |o| {o_s.abs().max().item():.3f}")
+    print(
+        f"keys [{k0:4d}, {k1:4d}): lse {[round(x, 3) for x in lse_s[0].tolist()]}, max |o| "
+        f"{o_s.abs().max().item():.3f}"
+    )
 
 # %% [markdown]
 # An empty split must drop out of the merge with weight $e^{-\infty - \text{lse}} = 0$. The formula
@@ -180,7 +189,9 @@ print("naive weight of an empty side when both are empty:", torch.exp(empty_lse 
 
 # %%
 both_empty = merge(masked[0], masked[1])
-print("empty ⊕ empty:", "lse", both_empty[1].tolist(), "| max |o|", both_empty[0].abs().max().item())
+print(
+    "empty ⊕ empty:", "lse", both_empty[1].tolist(), "| max |o|", both_empty[0].abs().max().item()
+)
 
 windowed_out, windowed_lse = reduce(merge, masked)
 expected, expected_lse = attn_ref.attention_with_lse(q, k, v, scale, window)
@@ -210,6 +221,6 @@ print("zero keys: lse", lse_empty[0].tolist(), "| max |o|", o_empty.abs().max().
 # * Split-KV = `split_bounds` + one attention per range (masks of the *whole* sequence, via the key
 #   offset) + a merge. The result equals the unsplit one up to fp32 rounding.
 # * An empty split is $(0, -\infty)$ and must get weight 0 without producing NaN.
-# * The LSE here is a natural log. Libraries that store base-2 LSEs (FlashInfer, the Triton tutorial)
-#   need $\text{lse}_e = \text{lse}_2 \cdot \ln 2$ before merging with these.
+# * The LSE here is a natural log. Libraries that store base-2 LSEs (FlashInfer, the Triton
+# tutorial) need $\text{lse}_e = \text{lse}_2 \cdot \ln 2$ before merging with these.
 # * The same merge combines the steps of ring attention in sequence parallelism.

@@ -40,11 +40,17 @@ _ = torch.manual_seed(0)
 # %%
 S, h, h_k, d, T = 64, 8, 4, 16, 8
 q, k, v = torch.randn(1, S, h, d), torch.randn(1, S, h_k, d), torch.randn(1, S, h_k, d)
-text_q, text_k, text_v = torch.randn(1, T, h, d), torch.randn(1, T, h_k, d), torch.randn(1, T, h_k, d)
+text_q, text_k, text_v = (
+    torch.randn(1, T, h, d),
+    torch.randn(1, T, h_k, d),
+    torch.randn(1, T, h_k, d),
+)
 scale = d**-0.5
 
 full, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale)
-full_causal, _ = attn_ref.attention_with_lse(q[0], k[0], v[0], scale, attn_ref.AttentionMask(causal=True))
+full_causal, _ = attn_ref.attention_with_lse(
+    q[0], k[0], v[0], scale, attn_ref.AttentionMask(causal=True)
+)
 
 # %% [markdown]
 # ## What every rank runs
@@ -73,10 +79,12 @@ sys.path.insert(0, workers_dir)  # spawned ranks inherit sys.path, so they find 
 import torch.distributed as dist
 
 import attn_ref
-from attn_ref import sequence_parallel as sp
+from attn_ref import sequence_parallel as sp  # noqa: F811 (this cell is the workers' module)
 
 counters = {"received_bytes": 0, "attended": 0}
-collectives = {name: getattr(dist, name) for name in ("all_to_all_single", "all_gather", "batch_isend_irecv")}
+collectives = {
+    name: getattr(dist, name) for name in ("all_to_all_single", "all_gather", "batch_isend_irecv")
+}
 
 
 def nbytes(x):
@@ -86,7 +94,9 @@ def nbytes(x):
 def counted_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=None):
     own_rows = output_split_sizes[dist.get_rank(group)]  # the block this rank sends to itself
     counters["received_bytes"] += nbytes(output) - own_rows * nbytes(output[0])
-    return collectives["all_to_all_single"](output, input, output_split_sizes, input_split_sizes, group=group)
+    return collectives["all_to_all_single"](
+        output, input, output_split_sizes, input_split_sizes, group=group
+    )
 
 
 def counted_all_gather(parts, x, group=None):
@@ -99,7 +109,9 @@ def counted_batch_isend_irecv(ops):
     return collectives["batch_isend_irecv"](ops)
 
 
-def counted_attention(q, k_cache, v_cache, *, causal=False, window_size=(-1, -1), attention_chunk=0, **kwargs):
+def counted_attention(
+    q, k_cache, v_cache, *, causal=False, window_size=(-1, -1), attention_chunk=0, **kwargs
+):
     mask = attn_ref.AttentionMask(causal, window_size, attention_chunk)
     visible = mask.visible_keys(q.shape[1], k_cache.shape[1]).sum().item()
     counters["attended"] += q.shape[0] * q.shape[2] * visible
@@ -121,10 +133,17 @@ def all_schemes(q, k, v, text_q, text_k, text_v):
     q [1, S, h, d], k, v [1, S, h_k, d]; K/V gather adds the output of the text tokens."""
     dist.all_to_all_single, dist.all_gather = counted_all_to_all_single, counted_all_gather
     dist.batch_isend_irecv = counted_batch_isend_irecv
-    P, rank, (h, d, h_k) = dist.get_world_size(), dist.get_rank(), (q.shape[2], q.shape[3], k.shape[2])
+    P, rank, (h, d, h_k) = (
+        dist.get_world_size(),
+        dist.get_rank(),
+        (q.shape[2], q.shape[3], k.shape[2]),
+    )
 
     def shard(ulysses_degree=1, zigzag=False):  # this rank's rows of q, k and v
-        return [sp.shard_sequence(x, rank, ulysses_degree, P // ulysses_degree, zigzag) for x in (q, k, v)]
+        return [
+            sp.shard_sequence(x, rank, ulysses_degree, P // ulysses_degree, zigzag)
+            for x in (q, k, v)
+        ]
 
     all_ranks = sp.init_sequence_parallel_groups(ulysses_degree=P)  # one Ulysses group of P ranks
     ring = sp.init_sequence_parallel_groups(ulysses_degree=1, ring_degree=P).ring_group
@@ -133,17 +152,24 @@ def all_schemes(q, k, v, text_q, text_k, text_v):
     kv_gather = sp.UlyssesAttention(h, d, h_k, sp_attention_mode="kv_gather", groups=all_ranks)
     usp = sp.USPAttention(h, d, h_k, causal=True, groups=usp_groups, zigzag=True)
     ulysses.backend = kv_gather.backend = usp.backend = COUNTING
-    (gather_out, text_out), gather_bytes, gather_work = measure(lambda: kv_gather(*shard(), text_q, text_k, text_v))
+    (gather_out, text_out), gather_bytes, gather_work = measure(
+        lambda: kv_gather(*shard(), text_q, text_k, text_v)
+    )
     return {
         "Ulysses": measure(lambda: ulysses(*shard(ulysses_degree=P))[0]),
         "ring": measure(lambda: sp.ring_attention(*shard(), group=ring, backend=COUNTING)[0]),
-        "causal ring": measure(lambda: sp.ring_attention(*shard(), group=ring, causal=True, backend=COUNTING)[0]),
+        "causal ring": measure(
+            lambda: sp.ring_attention(*shard(), group=ring, causal=True, backend=COUNTING)[0]
+        ),
         "causal zigzag ring": measure(
-            lambda: sp.ring_attention(*shard(zigzag=True), group=ring, causal=True, zigzag=True, backend=COUNTING)[0]
+            lambda: sp.ring_attention(
+                *shard(zigzag=True), group=ring, causal=True, zigzag=True, backend=COUNTING
+            )[0]
         ),
         "K/V gather + text": (gather_out, gather_bytes, gather_work, text_out),
         "causal USP, U=2": measure(lambda: usp(*shard(ulysses_degree=2, zigzag=True))),
     }
+
 
 # %% [markdown]
 # ## Launch 2 and 4 ranks
@@ -165,6 +191,7 @@ for P, per_rank in results.items():
 # `sp.unshard_sequence` puts the per-rank output shards back in sequence order (it knows the
 # contiguous and zigzag layouts).
 
+
 # %%
 def gathered(P, scheme, ulysses_degree=1, zigzag=False):
     shards = [rank_results[scheme][0] for rank_results in results[P]]
@@ -176,7 +203,9 @@ for P in (2, 4):
     torch.testing.assert_close(gathered(P, "ring"), full)
     torch.testing.assert_close(gathered(P, "causal ring"), full_causal)
     torch.testing.assert_close(gathered(P, "causal zigzag ring", zigzag=True), full_causal)
-    torch.testing.assert_close(gathered(P, "causal USP, U=2", ulysses_degree=2, zigzag=True), full_causal)
+    torch.testing.assert_close(
+        gathered(P, "causal USP, U=2", ulysses_degree=2, zigzag=True), full_causal
+    )
 print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process attention")
 
 # %% [markdown]
@@ -193,7 +222,8 @@ print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process att
 # to that block and folds the result into a running state with the merge of tutorial 4:
 #
 # $$\text{lse} = \log\!\big(e^{\text{lse}_{\text{acc}}} + e^{\text{lse}_{\text{blk}}}\big), \qquad
-# o = e^{\text{lse}_{\text{acc}} - \text{lse}}\, o_{\text{acc}} + e^{\text{lse}_{\text{blk}} - \text{lse}}\, o_{\text{blk}} .$$
+# o = e^{\text{lse}_{\text{acc}} - \text{lse}}\, o_{\text{acc}} + e^{\text{lse}_{\text{blk}} -
+# \text{lse}}\, o_{\text{blk}} .$$
 #
 # After $P$ steps every query has met every key exactly once.
 #
@@ -204,13 +234,15 @@ print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process att
 # list (rank `r` receives what rank `r - 1` held). Each rank keeps one running state `(out, lse)`,
 # starting from the empty state `(0, -inf)`, the identity of the merge. With a causal mask, a rank
 # skips a block that comes after its queries, attends its own block with a causal square, and an
-# earlier block in full: the table of the [ring concept section](../../concepts/sequence-parallel/#ring-attention-rotate-kv-blocks).
-# This is the loop of `_ring_forward` in `attn_ref/sequence_parallel/ring.py`, without the processes.
+# earlier block in full: the table of the [ring concept
+# section](../../concepts/sequence-parallel/#ring-attention-rotate-kv-blocks). This is the loop of
+# `_ring_forward` in `attn_ref/sequence_parallel/ring.py`, without the processes.
 
 # %%
 P = 4
 rows = S // P
-q_blocks, k_blocks, v_blocks = (x[0].split(rows) for x in (q, k, v))  # rank r's block: (S/P, heads, d)
+# rank r's block: (S/P, heads, d)
+q_blocks, k_blocks, v_blocks = (x[0].split(rows) for x in (q, k, v))
 held = list(zip(k_blocks, v_blocks))  # step 0: every rank holds its own K/V block
 states = [(torch.zeros(rows, h, d), torch.full((rows, h), float("-inf"))) for _ in range(P)]
 schedule = []
@@ -222,7 +254,8 @@ for t in range(P):
             continue  # causal: a later block is invisible
         k_blk, v_blk = held[r]
         mask = attn_ref.AttentionMask(causal=source == r)  # the causal square on the diagonal
-        block_state = attn_ref.attention_with_lse(q_blocks[r], k_blk, v_blk, scale, mask)  # (S/P, h, d), (S/P, h)
+        # (S/P, h, d), (S/P, h)
+        block_state = attn_ref.attention_with_lse(q_blocks[r], k_blk, v_blk, scale, mask)
         states[r] = attn_ref.merge_attention_states(*states[r], *block_state)
     held = [held[(r - 1) % P] for r in range(P)]  # the exchange: send to r + 1, receive from r - 1
 
@@ -240,7 +273,9 @@ print("4 simulated ranks, 4 steps, merged with the LSE == dense causal attention
 # on every rank (each rank gets the same, whole, text output).
 
 # %%
-all_q, all_k, all_v = (torch.cat(pair, dim=1)[0] for pair in ((q, text_q), (k, text_k), (v, text_v)))
+all_q, all_k, all_v = (
+    torch.cat(pair, dim=1)[0] for pair in ((q, text_q), (k, text_k), (v, text_v))
+)
 expected, _ = attn_ref.attention_with_lse(all_q, all_k, all_v, scale)  # (S + T, h, d)
 
 for P in (2, 4):
@@ -272,7 +307,11 @@ print("max |duplicated text - correct|:", (wrong - expected).abs().max().item())
 
 # %%
 P = 4
-print("zigzag token order of rank 0:", sp.shard_positions(16, 0, ring_degree=P, zigzag=True).tolist(), "(S = 16)")
+print(
+    "zigzag token order of rank 0:",
+    sp.shard_positions(16, 0, ring_degree=P, zigzag=True).tolist(),
+    "(S = 16)",
+)
 contiguous = [rank_results["causal ring"][2] for rank_results in results[P]]
 zigzag = [rank_results["causal zigzag ring"][2] for rank_results in results[P]]
 
@@ -289,16 +328,21 @@ assert len(set(zigzag)) == 1 and sum(zigzag) == sum(contiguous)
 # %% [markdown]
 # ## Communication volume
 #
-# Per rank and per attention layer, with $P$ ranks, $S$ tokens, $e$ bytes per number (4 for float32):
+# Per rank and per attention layer, with $P$ ranks, $S$ tokens, $e$ bytes per number (4 for
+# float32):
 #
 # | Scheme | Bytes received by each rank |
 # |---|---|
-# | Ulysses | $\frac{P-1}{P} \cdot \frac{S}{P} \cdot (2h + 2h_k) \cdot d \cdot e$ (all-to-alls of q, k, v and the output) |
-# | ring (any order) | $(P-1) \cdot \frac{S}{P} \cdot 2 h_k \cdot d \cdot e$ ($P-1$ hops of the local K and V) |
+# | Ulysses | $\frac{P-1}{P} \cdot \frac{S}{P} \cdot (2h + 2h_k) \cdot d \cdot e$ (all-to-alls of q,
+# k, v and the output) |
+# | ring (any order) | $(P-1) \cdot \frac{S}{P} \cdot 2 h_k \cdot d \cdot e$ ($P-1$ hops of the
+# local K and V) |
 # | K/V gather | the same bytes as the ring, in one all-gather (and all of K/V in memory at once) |
-# | USP, $P = U \cdot R$ | Ulysses among $U$ ranks on $S/P$ tokens + a ring of $R$ over blocks of $S/R$ tokens with $h_k/U$ heads |
+# | USP, $P = U \cdot R$ | Ulysses among $U$ ranks on $S/P$ tokens + a ring of $R$ over blocks of
+# $S/R$ tokens with $h_k/U$ heads |
 #
 # The counted bytes match the formulas exactly:
+
 
 # %%
 def ulysses_bytes(P, S, h, h_k, d, e=4):
@@ -318,8 +362,10 @@ for scheme in results[4][0]:
     counted = {P: results[P][0][scheme][1] for P in (2, 4)}
     assert all(rank_results[scheme][1] == counted[P] for P in (2, 4) for rank_results in results[P])
     formula = {
-        P: ulysses_bytes(P, S, h, h_k, d) if scheme == "Ulysses"
-        else usp_bytes(2, P // 2, S, h, h_k, d) if "USP" in scheme
+        P: ulysses_bytes(P, S, h, h_k, d)
+        if scheme == "Ulysses"
+        else usp_bytes(2, P // 2, S, h, h_k, d)
+        if "USP" in scheme
         else ring_bytes(P, S, h_k, d)
         for P in (2, 4)
     }
@@ -330,26 +376,46 @@ for scheme in results[4][0]:
 # Which scheme moves fewer bytes depends on $P$ and on how many query heads share a KV head,
 # $\rho = h / h_k$. The ratio is
 #
-# $$\frac{\text{K/V gather (or ring)}}{\text{Ulysses}} = \frac{P \cdot h_k}{h + h_k} = \frac{P}{\rho + 1}.$$
+# $$\frac{\text{K/V gather (or ring)}}{\text{Ulysses}} = \frac{P \cdot h_k}{h + h_k} = \frac{P}{\rho
+# + 1}.$$
 #
 # Ulysses' bytes per rank *shrink* as $P$ grows, while the ring's and the gather's grow towards a
-# constant, $2 S h_k d e$. With strong GQA ($\rho = 8$) the gather is cheaper for every $P < 9$. Ulysses also needs
-# $h_k$ divisible by $P$, which K/V gather and the ring do not.
+# constant, $2 S h_k d e$. With strong GQA ($\rho = 8$) the gather is cheaper for every $P < 9$.
+# Ulysses also needs $h_k$ divisible by $P$, which K/V gather and the ring do not.
 
 # %%
 Ps = torch.arange(2, 17)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
 for rho, style in ((1, "-"), (2, "--"), (8, ":")):
     kv_heads = h / rho
-    axes[0].plot(Ps, [ulysses_bytes(p, S, h, kv_heads, d) / 1024 for p in Ps.tolist()], "C0" + style, label=f"Ulysses, ρ={rho}")
-    axes[0].plot(Ps, [ring_bytes(p, S, kv_heads, d) / 1024 for p in Ps.tolist()], "C1" + style, label=f"ring / K/V gather, ρ={rho}")
+    axes[0].plot(
+        Ps,
+        [ulysses_bytes(p, S, h, kv_heads, d) / 1024 for p in Ps.tolist()],
+        "C0" + style,
+        label=f"Ulysses, ρ={rho}",
+    )
+    axes[0].plot(
+        Ps,
+        [ring_bytes(p, S, kv_heads, d) / 1024 for p in Ps.tolist()],
+        "C1" + style,
+        label=f"ring / K/V gather, ρ={rho}",
+    )
     axes[1].plot(Ps, Ps / (rho + 1), "k" + style, label=f"ρ = {rho}")
 for P in (2, 4):
-    axes[0].plot([P, P], [results[P][0]["ring"][1] / 1024, results[P][0]["Ulysses"][1] / 1024], "ko")
+    axes[0].plot(
+        [P, P], [results[P][0]["ring"][1] / 1024, results[P][0]["Ulysses"][1] / 1024], "ko"
+    )
 axes[0].set_xlabel("ranks P"), axes[0].set_ylabel("KiB received per rank (S = 64)")
-axes[0].set_title("formulas (lines) and this run (dots, ρ = 2)", fontsize=9), axes[0].legend(fontsize=7)
+(
+    axes[0].set_title("formulas (lines) and this run (dots, ρ = 2)", fontsize=9),
+    axes[0].legend(fontsize=7),
+)
 axes[1].axhline(1, color="grey", linewidth=0.5)
-axes[1].set_xlabel("ranks P"), axes[1].set_ylabel("K/V gather bytes / Ulysses bytes"), axes[1].legend(fontsize=8)
+(
+    axes[1].set_xlabel("ranks P"),
+    axes[1].set_ylabel("K/V gather bytes / Ulysses bytes"),
+    axes[1].legend(fontsize=8),
+)
 fig.tight_layout()
 plt.show()
 
@@ -358,10 +424,12 @@ plt.show()
 #
 # | Scheme | Moves | Needs | Good for |
 # |---|---|---|---|
-# | Ulysses | all-to-all of q, k, v, out | $h$ and $h_k$ divisible by $P$ | many heads, fast all-to-all (inside a node) |
+# | Ulysses | all-to-all of q, k, v, out | $h$ and $h_k$ divisible by $P$ | many heads, fast
+# all-to-all (inside a node) |
 # | ring | $P - 1$ K/V hops, overlapped with compute | LSE merge | any head count, across nodes |
 # | zigzag ring | the same | $S$ divisible by $2P$ | causal attention, balanced work |
-# | K/V gather | one all-gather of K/V | memory for the full K/V | strong GQA/MQA, small $P$, non-causal |
+# | K/V gather | one all-gather of K/V | memory for the full K/V | strong GQA/MQA, small $P$,
+# non-causal |
 # | USP | Ulysses ($U$) + ring ($R$) | $h$ divisible by $U$ | more ranks than heads |
 #
 # Replicated tokens (text prompts) stay out of the collectives and are attended once. The same

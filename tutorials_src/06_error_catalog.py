@@ -7,8 +7,8 @@
 # runnable examples and the exact place in the source that raises it. The tests check the catalog
 # against the code, so it cannot drift.
 #
-# This notebook makes a typical mistake, catches the error, looks it up in the three ways the catalog
-# offers (Python, the command line, the JSON file), and applies the fix.
+# This notebook makes a typical mistake, catches the error, looks it up in the three ways the
+# catalog offers (Python, the command line, the JSON file), and applies the fix.
 
 # %%
 import json
@@ -20,7 +20,8 @@ import sys
 import torch
 
 if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels through the interpreter; set before importing them
+    # Triton kernels through the interpreter; set before importing them
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from IPython.display import Markdown, display
 
@@ -46,7 +47,9 @@ def decode(steps, page_table):
     """Append and attend one random token per step; returns the number of steps that ran."""
     for step in range(steps):
         q, k, v = torch.randn(1, 1, h, d), torch.randn(1, 1, h, d), torch.randn(1, 1, h, d)
-        attn_ref.flash_attn_with_kvcache(q, k_pages, v_pages, k=k, v=v, cache_seqlens=step, page_table=page_table)
+        attn_ref.flash_attn_with_kvcache(
+            q, k_pages, v_pages, k=k, v=v, cache_seqlens=step, page_table=page_table
+        )
     return steps
 
 
@@ -94,7 +97,11 @@ print(entry["what_it_means"])
 # The solutions, rendered as Markdown:
 
 # %%
-display(Markdown("\n".join(f"{n}. **{s['title']}** {s['body']}" for n, s in enumerate(entry["solutions"], 1))))
+display(
+    Markdown(
+        "\n".join(f"{n}. **{s['title']}** {s['body']}" for n, s in enumerate(entry["solutions"], 1))
+    )
+)
 
 # %% [markdown]
 # The Triton kernels share the reference's argument checks, so the same mistake gives the same
@@ -103,8 +110,13 @@ display(Markdown("\n".join(f"{n}. **{s['title']}** {s['body']}" for n, s in enum
 # %%
 try:
     kernels.flash_attn_with_kvcache(
-        torch.randn(1, 1, h, d), k_pages, v_pages, k=torch.randn(1, 1, h, d), v=torch.randn(1, 1, h, d),
-        cache_seqlens=8, page_table=page_table,
+        torch.randn(1, 1, h, d),
+        k_pages,
+        v_pages,
+        k=torch.randn(1, 1, h, d),
+        v=torch.randn(1, 1, h, d),
+        cache_seqlens=8,
+        page_table=page_table,
     )
 except ValueError as error:
     assert errors.lookup(error)["id"] == entry["id"]
@@ -117,21 +129,23 @@ else:
 #
 # The same lookups from a shell: `explain` takes a message (with or without its `ValueError: `
 # prefix), an id or a slug and prints the entry as Markdown; `explain -` reads a whole pasted
-# traceback from stdin (the last exception line counts); `search` finds entries by words. For example:
+# traceback from stdin (the last exception line counts); `search` finds entries by words. For
+# example:
 #
 # ```bash
-# python -m errors explain "batch entry 0: cache_seqlens (8) + new tokens (1) exceeds the cache capacity (8 tokens per sequence)"
-# python -m errors explain 9a8439341d112b8b
-# python -m errors explain - < traceback.txt
-# python -m errors search capacity
-# ```
+# python -m errors explain "batch entry 0: cache_seqlens (8) + new tokens (1) exceeds the cache
+# capacity (8 tokens per sequence)" python -m errors explain 9a8439341d112b8b python -m errors
+# explain - < traceback.txt python -m errors search capacity ```
 #
 # Here we run them from Python and show the beginning of the output.
+
 
 # %%
 def errors_cli(*args):
     """Run `python -m errors ARGS` with this kernel's Python; returns its standard output."""
-    result = subprocess.run([sys.executable, "-m", "errors", *args], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "errors", *args], capture_output=True, text=True, check=True
+    )
     return result.stdout
 
 
@@ -161,7 +175,8 @@ print("fields:", ", ".join(entry))
 
 # %% [markdown]
 # Among the fields: the message template and a regular expression that matches every rendering of it
-# (that is how a message pasted from a log is recognised), and the place in the source that raises it.
+# (that is how a message pasted from a log is recognised), and the place in the source that raises
+# it.
 
 # %%
 print("template:", entry["message"]["template"])
@@ -177,7 +192,10 @@ print(f"raised in {source['path']}, function {source['function']}, line {source[
 shared = [e for e in catalog["errors"] if e.get("upstream")]
 example = errors.get("only-qv/q-none-without-only-qv")
 print(f"{len(shared)} of {len(catalog['errors'])} entries are shared with sglang, e.g.")
-print(f"  {example['message']['template']!r}: {example['upstream']['repository']}, {example['upstream']['path']}")
+print(
+    f"  {example['message']['template']!r}: {example['upstream']['repository']}, "
+    f"{example['upstream']['path']}"
+)
 
 # %% [markdown]
 # ## Apply the fix
@@ -188,7 +206,13 @@ print(f"  {example['message']['template']!r}: {example['upstream']['repository']
 # %%
 free_pages = [p for p in range(k_pages.shape[0]) if p not in page_table[0].tolist()]
 bigger_table = torch.cat([page_table, torch.tensor([free_pages[:1]], dtype=torch.int32)], dim=1)
-print("page table", page_table.tolist(), "->", bigger_table.tolist(), f"(room for {bigger_table.shape[1] * P} tokens)")
+print(
+    "page table",
+    page_table.tolist(),
+    "->",
+    bigger_table.tolist(),
+    f"(room for {bigger_table.shape[1] * P} tokens)",
+)
 assert decode(12, bigger_table) == 12
 
 # %% [markdown]
@@ -196,9 +220,11 @@ assert decode(12, bigger_table) == 12
 #
 # | Way in | Use |
 # |---|---|
-# | the exception note | ``attn-ref error <id>: <slug>; run `python -m errors explain <id>` or see <docs link>`` under every traceback |
+# | the exception note | ``attn-ref error <id>: <slug>; run `python -m errors explain <id>` or see
+# <docs link>`` under every traceback |
 # | `errors.lookup(exc_or_message)` | the entry as a dict: meaning, solutions, examples, source |
-# | `python -m errors explain <message, traceback, id or slug>` (`-` reads a pasted traceback from stdin) | the same entry as Markdown in a terminal |
+# | `python -m errors explain <message, traceback, id or slug>` (`-` reads a pasted traceback from
+# stdin) | the same entry as Markdown in a terminal |
 # | `errors/catalog.json`, `/api/errors/<id>.json` | the raw data, for tools and other languages |
 #
 # The other tutorials catch their errors the same way: the cells that make a mistake on purpose

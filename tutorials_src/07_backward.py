@@ -22,8 +22,7 @@ if not torch.cuda.is_available():
 
 import attn_ref
 import kernels
-from attn_ref import dense
-from attn_ref import sequence_parallel as sp
+from attn_ref import dense, sequence_parallel as sp
 
 _ = torch.manual_seed(0)
 
@@ -33,8 +32,8 @@ _ = torch.manual_seed(0)
 # For query row $i$ of one head and keys $j$, the forward computes logits
 # $\ell_{ij} = \mathrm{scale}\cdot q_i\cdot k_j$ ($-\infty$ where key $j$ is masked),
 #
-# $$\mathrm{lse}_i = \log\sum_j e^{\ell_{ij}}, \qquad P_{ij} = e^{\ell_{ij} - \mathrm{lse}_i}, \qquad
-# O_i = \sum_j P_{ij}\, v_j ,$$
+# $$\mathrm{lse}_i = \log\sum_j e^{\ell_{ij}}, \qquad P_{ij} = e^{\ell_{ij} - \mathrm{lse}_i},
+# \qquad O_i = \sum_j P_{ij}\, v_j ,$$
 #
 # and keeps only $O$ and $\mathrm{lse}$ (never the $S \times S$ matrix $P$). Given the gradient
 # $dO$ of the loss with respect to the output, the chain rule through the softmax gives
@@ -74,12 +73,17 @@ def autograd_grads(q, k, v, dout, causal=False):
     return [x.grad for x in leaves]
 
 
-q, k, v = torch.randn(1, S, h, d, dtype=torch.float64), torch.randn(1, S, h_k, d, dtype=torch.float64), torch.randn(1, S, h_k, d, dtype=torch.float64)
+q, k, v = (
+    torch.randn(1, S, h, d, dtype=torch.float64),
+    torch.randn(1, S, h_k, d, dtype=torch.float64),
+    torch.randn(1, S, h_k, d, dtype=torch.float64),
+)
 dout = torch.randn(1, S, h, d, dtype=torch.float64)
 out, lse = dense_attention(q, k, v)
 
 g = h // h_k
-k_h, v_h = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)  # the KV head of each query head
+# the KV head of each query head
+k_h, v_h = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
 P = (torch.einsum("bihd,bjhd->bhij", q, k_h) * scale - lse[..., None]).exp()
 dV = torch.einsum("bhij,bihd->bjhd", P, dout)
 dP = torch.einsum("bihd,bjhd->bhij", dout, v_h)
@@ -87,7 +91,8 @@ D_row = (dout * out).sum(-1).transpose(1, 2)  # [B, h, S]
 dS = P * (dP - D_row[..., None])
 dQ = scale * torch.einsum("bhij,bjhd->bihd", dS, k_h)
 dK = scale * torch.einsum("bhij,bihd->bjhd", dS, q)
-dK, dV = (x.unflatten(2, (h_k, g)).sum(3) for x in (dK, dV))  # GQA: sum over the group's query heads
+# GQA: sum over the group's query heads
+dK, dV = (x.unflatten(2, (h_k, g)).sum(3) for x in (dK, dV))
 
 expected = autograd_grads(q, k, v, dout)
 for name, mine, ref in zip(("dq", "dk", "dv"), (dQ, dK, dV), expected):
@@ -107,8 +112,10 @@ for causal in (False, True):
     out_c, lse_c = dense_attention(q, k, v, causal)
     mask = attn_ref.AttentionMask(causal=causal)  # the forward's options, as one object
     reference = attn_ref.attention_backward(dout, q, k, v, out_c, lse_c, scale, mask)
-    kernel = kernels.attention_backward(*(x.float() for x in (dout, q, k, v, out_c, lse_c)), scale, mask)
-    for name, r, kn, e in zip(("dq", "dk", "dv"), reference, kernel, expected):
+    kernel = kernels.attention_backward(
+        *(x.float() for x in (dout, q, k, v, out_c, lse_c)), scale, mask
+    )
+    for r, kn, e in zip(reference, kernel, expected):
         torch.testing.assert_close(r, e)  # float64 in, float64 arithmetic
         torch.testing.assert_close(kn.double(), e, atol=1e-5, rtol=1e-5)  # fp32 kernels
     print(f"causal={causal}: attn_ref (float64) and kernels (fp32) == autograd")
@@ -121,10 +128,10 @@ for causal in (False, True):
 #
 # $$dQ_i = \sum_{b=1}^{n}\ \mathrm{scale}\sum_{j\in B_b} dS_{ij}\, k_j ,$$
 #
-# and $dK_j$, $dV_j$ of a key $j$ in block $B_b$ sum over rows $i$ terms that involve no other block.
-# So the backward of one key block can run alone, *provided* $P_{ij} = e^{\ell_{ij} -
-# \mathrm{lse}_i}$ uses the row's **final** LSE (over all keys) and $D_i$ the final output. That
-# is what the forward saves after its last merge. `attention_backward` called on one block with the
+# and $dK_j$, $dV_j$ of a key $j$ in block $B_b$ sum over rows $i$ terms that involve no other
+# block. So the backward of one key block can run alone, *provided* $P_{ij} = e^{\ell_{ij} -
+# \mathrm{lse}_i}$ uses the row's **final** LSE (over all keys) and $D_i$ the final output. That is
+# what the forward saves after its last merge. `attention_backward` called on one block with the
 # global `out` and `lse` returns that block's exact share: the per-block $dQ$ add up to the dense
 # $dQ$, and the blocks' $dK$, $dV$ are the dense ones, block by block.
 
@@ -135,7 +142,9 @@ dq_sum = sum(dq_b for dq_b, _, _ in shares)
 dk_cat, dv_cat = (torch.cat([share[i] for share in shares], dim=1) for i in (1, 2))
 
 expected = autograd_grads(q, k, v, dout)
-for name, mine, ref in zip(("dq (sum of 4 blocks)", "dk (4 blocks)", "dv (4 blocks)"), (dq_sum, dk_cat, dv_cat), expected):
+for name, mine, ref in zip(
+    ("dq (sum of 4 blocks)", "dk (4 blocks)", "dv (4 blocks)"), (dq_sum, dk_cat, dv_cat), expected
+):
     print(f"{name:22s} max |blockwise - dense| = {(mine - ref).abs().max().item():.1e}")
     torch.testing.assert_close(mine, ref)
 
@@ -148,8 +157,10 @@ wrong = torch.zeros_like(q)
 for b in blocks:
     out_b, lse_b = dense_attention(q, k[:, b], v[:, b])
     wrong += attn_ref.attention_backward(dout, q, k[:, b], v[:, b], out_b, lse_b, scale)[0]
-print(f"dq from per-block LSEs: max error {(wrong - expected[0]).abs().max().item():.2f} "
-      f"(the gradient itself is of size {expected[0].abs().max().item():.2f})")
+print(
+    f"dq from per-block LSEs: max error {(wrong - expected[0]).abs().max().item():.2f} "
+    f"(the gradient itself is of size {expected[0].abs().max().item():.2f})"
+)
 
 # %% [markdown]
 # ## The ring backward, step by step
@@ -173,11 +184,15 @@ print(f"dq from per-block LSEs: max error {(wrong - expected[0]).abs().max().ite
 # The figure draws it for $R = 4$: the colour is the block (and its accumulator) a rank holds at
 # each step.
 
+
 # %%
 def ring_schedule(R, causal=True):
     """[(step, rank, block s, attended?, causal square?)] of a contiguous ring of R ranks."""
-    return [(t, r, (r - t) % R, not causal or (r - t) % R <= r, causal and t == 0)
-            for t in range(R) for r in range(R)]
+    return [
+        (t, r, (r - t) % R, not causal or (r - t) % R <= r, causal and t == 0)
+        for t in range(R)
+        for r in range(R)
+    ]
 
 
 def draw_ring_backward(R=4):
@@ -185,22 +200,43 @@ def draw_ring_backward(R=4):
     colors = plt.get_cmap("tab10")
     for t, r, s, attended, square in ring_schedule(R):
         y = R - t
-        ax.add_patch(plt.Rectangle((r + 0.05, y + 0.05), 0.9, 0.9, color=colors(s), alpha=0.85 if attended else 0.25,
-                                   hatch=None if attended else "//"))
+        ax.add_patch(
+            plt.Rectangle(
+                (r + 0.05, y + 0.05),
+                0.9,
+                0.9,
+                color=colors(s),
+                alpha=0.85 if attended else 0.25,
+                hatch=None if attended else "//",
+            )
+        )
         what = "causal square" if square else "full block" if attended else "skipped"
-        ax.text(r + 0.5, y + 0.5, f"K/V {s} + acc {s}\n{what}", ha="center", va="center", fontsize=8)
+        ax.text(
+            r + 0.5, y + 0.5, f"K/V {s} + acc {s}\n{what}", ha="center", va="center", fontsize=8
+        )
         if r < R - 1:
-            ax.annotate("", xy=(r + 1.2, y - 0.1), xytext=(r + 0.9, y + 0.15),
-                        arrowprops=dict(arrowstyle="->", color="grey", lw=0.8))
+            ax.annotate(
+                "",
+                xy=(r + 1.2, y - 0.1),
+                xytext=(r + 0.9, y + 0.15),
+                arrowprops=dict(arrowstyle="->", color="grey", lw=0.8),
+            )
         else:
             ax.text(R + 0.02, y + 0.2, "to rank 0", fontsize=7, color="grey")
     for s in range(R):  # after the last send every accumulator is home
         ax.add_patch(plt.Rectangle((s + 0.05, 0.05), 0.9, 0.9, color=colors(s), alpha=0.85))
-        ax.text(s + 0.5, 0.5, f"dK, dV of block {s}\ncomplete", ha="center", va="center", fontsize=8)
+        ax.text(
+            s + 0.5, 0.5, f"dK, dV of block {s}\ncomplete", ha="center", va="center", fontsize=8
+        )
     ax.set_xlim(0, R + 0.5), ax.set_ylim(0, R + 1)
     ax.set_xticks([r + 0.5 for r in range(R)], [f"rank {r}" for r in range(R)])
-    ax.set_yticks([R - t + 0.5 for t in range(R)] + [0.5], [f"step {t}" for t in range(R)] + ["after R sends"])
-    ax.set_title(f"causal ring backward, R = {R}: each K/V block travels with its dK/dV accumulator", fontsize=9)
+    ax.set_yticks(
+        [R - t + 0.5 for t in range(R)] + [0.5], [f"step {t}" for t in range(R)] + ["after R sends"]
+    )
+    ax.set_title(
+        f"causal ring backward, R = {R}: each K/V block travels with its dK/dV accumulator",
+        fontsize=9,
+    )
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.tight_layout()
@@ -215,27 +251,44 @@ draw_ring_backward(4)
 # dtype each block's gradient share is stored in before it is added to the fp32 sums: fp32 here (as
 # this package does), the input dtype in the last section.
 
+
 # %%
-def simulated_ring_backward(q, k, v, dout, out, lse, R, causal=True, block_dtype=torch.float32, trace=False):
-    """(dq, dk, dv) in fp32 of the contiguous ring of R ranks, played in one process (scale d^-0.5)."""
+def simulated_ring_backward(
+    q, k, v, dout, out, lse, R, causal=True, block_dtype=torch.float32, trace=False
+):
+    """(dq, dk, dv) in fp32 of the contiguous ring of R ranks, played in one process (scale
+    d^-0.5)."""
     rows, scale = q.shape[1] // R, q.shape[-1] ** -0.5
-    part = lambda x, r: x[:, r * rows:(r + 1) * rows]  # noqa: E731 (block r of the sequence)
+    part = lambda x, r: x[:, r * rows : (r + 1) * rows]  # noqa: E731 (block r of the sequence)
     dq = [torch.zeros(part(q, r).shape, dtype=torch.float32) for r in range(R)]
-    accumulators = [(torch.zeros(part(k, s).shape), torch.zeros(part(v, s).shape)) for s in range(R)]  # acc s at rank s
+    accumulators = [
+        (torch.zeros(part(k, s).shape), torch.zeros(part(v, s).shape)) for s in range(R)
+    ]  # acc s at rank s
     for t in range(R):
         for r in range(R):
             s = (r - t) % R  # the block visiting rank r
             if causal and s > r:
                 continue  # invisible block: nothing to add, the accumulator is only passed on
             dq_s, dk_s, dv_s = attn_ref.attention_backward(
-                part(dout, r), part(q, r), part(k, s), part(v, s), part(out, r), lse[..., r * rows:(r + 1) * rows], scale,
-                attn_ref.AttentionMask(causal=causal and s == r), grad_dtype=block_dtype,
+                part(dout, r),
+                part(q, r),
+                part(k, s),
+                part(v, s),
+                part(out, r),
+                lse[..., r * rows : (r + 1) * rows],
+                scale,
+                attn_ref.AttentionMask(causal=causal and s == r),
+                grad_dtype=block_dtype,
             )
             dq[r] += dq_s.float()
             accumulators[r][0].add_(dk_s.float()), accumulators[r][1].add_(dv_s.float())
-        accumulators = accumulators[-1:] + accumulators[:-1]  # send to rank r + 1, receive from r - 1
+        # send to rank r + 1, receive from r - 1
+        accumulators = accumulators[-1:] + accumulators[:-1]
         if trace:
-            print(f"after step {t}: rank r holds the accumulator of block", [(r - t - 1) % R for r in range(R)])
+            print(
+                f"after step {t}: rank r holds the accumulator of block",
+                [(r - t - 1) % R for r in range(R)],
+            )
     dk, dv = (torch.cat([acc[i] for acc in accumulators], dim=1) for i in (0, 1))
     return torch.cat(dq, dim=1), dk, dv
 
@@ -246,12 +299,15 @@ dout = torch.randn(1, S, h, d)
 out, lse = dense_attention(q, k, v, causal=True)
 ring = simulated_ring_backward(q, k, v, dout, out, lse, R=4, trace=True)
 for name, mine, ref in zip(("dq", "dk", "dv"), ring, autograd_grads(q, k, v, dout, causal=True)):
-    print(f"{name}: max |simulated ring - float64 autograd| = {(mine.double() - ref).abs().max().item():.1e}")
+    print(
+        f"{name}: max |simulated ring - float64 autograd| = "
+        f"{(mine.double() - ref).abs().max().item():.1e}"
+    )
     torch.testing.assert_close(mine.double(), ref, atol=1e-5, rtol=1e-5)
 
 # %% [markdown]
-# The accumulator of block $s$ is at rank $(s + t + 1) \bmod R$ after step $t$, so after step $R - 1$
-# it is at rank $s$. (The zigzag layout runs the same ring; each step attends the second half of
+# The accumulator of block $s$ is at rank $(s + t + 1) \bmod R$ after step $t$, so after step $R -
+# 1$ it is at rank $s$. (The zigzag layout runs the same ring; each step attends the second half of
 # the queries to the whole visiting block, or all queries to its first half, exactly as in the
 # forward.)
 #
@@ -275,7 +331,7 @@ sys.path.insert(0, workers_dir)  # spawned ranks inherit sys.path, so they find 
 """Per-rank code of the backward tutorial."""
 import torch.distributed as dist
 
-from attn_ref import sequence_parallel as sp
+from attn_ref import sequence_parallel as sp  # noqa: F811 (this cell is the workers' module)
 
 
 def my_rows(x, zigzag=False):
@@ -304,13 +360,19 @@ def ulysses_grads(q, k, v, dout):
 
 
 def checks_and_low_precision(fp32_problem, low_precision_problems):
-    """This rank's gradients: the fp32 checks (2 ranks) and the low-precision ring (any ring size)."""
-    results = {"low precision": {name: ring_grads(*problem) for name, problem in low_precision_problems.items()}}
+    """This rank's gradients: the fp32 checks (2 ranks) and the low-precision ring (any ring
+    size)."""
+    results = {
+        "low precision": {
+            name: ring_grads(*problem) for name, problem in low_precision_problems.items()
+        }
+    }
     if fp32_problem is not None:
         results["ring_flash_attn_func"] = ring_grads(*fp32_problem)
         results["zigzag_ring_flash_attn_func"] = ring_grads(*fp32_problem, zigzag=True)
         results["UlyssesAttention"] = ulysses_grads(*fp32_problem)
     return results
+
 
 # %% [markdown]
 # One global problem in fp32 for the checks, and one larger one in bf16 and fp16 for the last
@@ -321,19 +383,44 @@ def checks_and_low_precision(fp32_problem, low_precision_problems):
 # %%
 import backward_tutorial_workers
 
-fp32_problem = (torch.randn(1, S, h, d), torch.randn(1, S, h_k, d), torch.randn(1, S, h_k, d), torch.randn(1, S, h, d))
+fp32_problem = (
+    torch.randn(1, S, h, d),
+    torch.randn(1, S, h_k, d),
+    torch.randn(1, S, h_k, d),
+    torch.randn(1, S, h, d),
+)
 S_big, D_big = 1024, 64
-big = (torch.randn(1, S_big, h, D_big), torch.randn(1, S_big, h_k, D_big), torch.randn(1, S_big, h_k, D_big),
-       torch.randn(1, S_big, h, D_big))
-low_precision = {str(dtype).removeprefix("torch."): tuple(x.to(dtype) for x in big) for dtype in (torch.bfloat16, torch.float16)}
+big = (
+    torch.randn(1, S_big, h, D_big),
+    torch.randn(1, S_big, h_k, D_big),
+    torch.randn(1, S_big, h_k, D_big),
+    torch.randn(1, S_big, h, D_big),
+)
+low_precision = {
+    str(dtype).removeprefix("torch."): tuple(x.to(dtype) for x in big)
+    for dtype in (torch.bfloat16, torch.float16)
+}
 
-runs = {2: sp.launch(backward_tutorial_workers.checks_and_low_precision, 2, (fp32_problem, low_precision), backend="gloo"),
-        4: sp.launch(backward_tutorial_workers.checks_and_low_precision, 4, (None, low_precision), backend="gloo")}
+runs = {
+    2: sp.launch(
+        backward_tutorial_workers.checks_and_low_precision,
+        2,
+        (fp32_problem, low_precision),
+        backend="gloo",
+    ),
+    4: sp.launch(
+        backward_tutorial_workers.checks_and_low_precision, 4, (None, low_precision), backend="gloo"
+    ),
+}
 
 
 def gathered(per_rank, zigzag=False):
     """(dq, dk, dv) of the whole sequence from the ranks' (dq, dk, dv) shards."""
-    return [sp.unshard_sequence([grads[i] for grads in per_rank], 1, len(per_rank), zigzag) for i in range(3)]
+    return [
+        sp.unshard_sequence([grads[i] for grads in per_rank], 1, len(per_rank), zigzag)
+        for i in range(3)
+    ]
+
 
 # %% [markdown]
 # The check is FlashAttention's rule: each gradient's error against float64 autograd must be at most
@@ -346,11 +433,15 @@ dense_attention(*fp32_leaves, causal=True)[0].backward(fp32_problem[3])
 baseline = [x.grad for x in fp32_leaves]
 
 for entry_point in ("ring_flash_attn_func", "zigzag_ring_flash_attn_func", "UlyssesAttention"):
-    grads = gathered([rank[entry_point] for rank in runs[2]], zigzag=entry_point.startswith("zigzag"))
+    grads = gathered(
+        [rank[entry_point] for rank in runs[2]], zigzag=entry_point.startswith("zigzag")
+    )
     errors = []
     for name, g, ref, base in zip(("dq", "dk", "dv"), grads, expected, baseline):
         err, base_err = (g.double() - ref).abs(), (base.double() - ref).abs()
-        assert err.max() <= 2 * base_err.max() + 1e-5 and err.mean() <= 1.5 * base_err.mean() + 1e-5, (entry_point, name)
+        assert (
+            err.max() <= 2 * base_err.max() + 1e-5 and err.mean() <= 1.5 * base_err.mean() + 1e-5
+        ), (entry_point, name)
         errors.append(f"{name} {err.max().item():.1e} (fp32 autograd {base_err.max().item():.1e})")
     print(f"{entry_point:28s} 2 ranks, max error: " + ", ".join(errors))
 
@@ -359,19 +450,21 @@ for entry_point in ("ring_flash_attn_func", "zigzag_ring_flash_attn_func", "Ulys
 #
 # Users of ring-flash-attention report that the backward's error grows with the ring size. Its
 # backward stores each block's $dQ$, $dK$, $dV$ share in the input dtype (the FlashAttention block
-# kernel's output) and only then adds it to an fp32 sum. Each of those roundings is about as large as
-# the final gradient's own rounding, and a row of $dQ$ or a block of $dK$ collects up to $R$ of them,
-# so the error grows with $R$. This package keeps every share in fp32 and rounds once, at the end.
-# (ring-flash-attention also returns $dQ$ as bf16 whatever the input dtype, so fp16 inputs get a
-# bf16 $dQ$; that is not modelled below.)
+# kernel's output) and only then adds it to an fp32 sum. Each of those roundings is about as large
+# as the final gradient's own rounding, and a row of $dQ$ or a block of $dK$ collects up to $R$ of
+# them, so the error grows with $R$. This package keeps every share in fp32 and rounds once, at the
+# end. (ring-flash-attention also returns $dQ$ as bf16 whatever the input dtype, so fp16 inputs get
+# a bf16 $dQ$; that is not modelled below.)
 #
 # Three measurements on the same global problem, causal, each against float64 autograd from the
 # same rounded inputs:
 #
-# * **this package, real ranks**: `ring_flash_attn_func` on $R$ = 1 (this process), 2 and 4 gloo ranks;
+# * **this package, real ranks**: `ring_flash_attn_func` on $R$ = 1 (this process), 2 and 4 gloo
+# ranks;
 # * **fp32 shares** and **rounded shares**: the one-process ring above with `block_dtype` fp32, and
 #   with the input dtype (ring-flash-attention's rounding; each share is still computed with this
 #   package's fp32 arithmetic, so only the rounding before the sum differs), for $R$ = 1, 2, 4, 8.
+
 
 # %%
 def mean_errors(grads, reference):
@@ -384,12 +477,18 @@ for name, problem in low_precision.items():
     reference = autograd_grads(*problem, causal=True)
     leaves = [x.clone().requires_grad_() for x in problem[:3]]
     sp.ring_flash_attn_func(*leaves, causal=True).backward(problem[3])  # R = 1
-    table[name, "this package, real ranks"] = {1: mean_errors([x.grad for x in leaves], reference)} | {
-        R: mean_errors(gathered([rank["low precision"][name] for rank in runs[R]]), reference) for R in (2, 4)
+    table[name, "this package, real ranks"] = {
+        1: mean_errors([x.grad for x in leaves], reference)
+    } | {
+        R: mean_errors(gathered([rank["low precision"][name] for rank in runs[R]]), reference)
+        for R in (2, 4)
     }
     out_lp, lse_lp = sp.ring_attention(*problem[:3], causal=True)  # the forward's saved state
     lse_lp = lse_lp.transpose(1, 2)  # ring_attention's [B, S, h] -> the backward's [B, h, S]
-    for label, block_dtype in (("fp32 shares", torch.float32), ("rounded shares", problem[0].dtype)):
+    for label, block_dtype in (
+        ("fp32 shares", torch.float32),
+        ("rounded shares", problem[0].dtype),
+    ):
         table[name, label] = {}
         for R in ring_sizes:
             grads = simulated_ring_backward(*problem, out_lp, lse_lp, R, block_dtype=block_dtype)
@@ -397,7 +496,10 @@ for name, problem in low_precision.items():
 
 print(f"{'mean |error| of dq':36s}" + "".join(f"{f'R={R}':>10s}" for R in ring_sizes))
 for (name, label), by_r in table.items():
-    print(f"{name + ', ' + label:36s}" + "".join(f"{by_r[R][0]:10.2e}" if R in by_r else f"{'':10s}" for R in ring_sizes))
+    print(
+        f"{name + ', ' + label:36s}"
+        + "".join(f"{by_r[R][0]:10.2e}" if R in by_r else f"{'':10s}" for R in ring_sizes)
+    )
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(11, 3.2), sharey=False)
@@ -405,9 +507,17 @@ styles = {"this package, real ranks": "o-", "fp32 shares": "s--", "rounded share
 for col, grad in enumerate(("dq", "dk", "dv")):
     for (name, label), by_r in table.items():
         rs = sorted(by_r)
-        axes[col].plot(rs, [by_r[R][col] for R in rs], styles[label], color="C0" if name == "bfloat16" else "C1",
-                       label=f"{name}, {label}")
-    axes[col].set_xscale("log", base=2), axes[col].set_xticks(ring_sizes, [str(R) for R in ring_sizes])
+        axes[col].plot(
+            rs,
+            [by_r[R][col] for R in rs],
+            styles[label],
+            color="C0" if name == "bfloat16" else "C1",
+            label=f"{name}, {label}",
+        )
+    (
+        axes[col].set_xscale("log", base=2),
+        axes[col].set_xticks(ring_sizes, [str(R) for R in ring_sizes]),
+    )
     axes[col].set_xlabel("ring size R"), axes[col].set_title(f"mean |{grad} - float64|", fontsize=9)
 axes[0].set_yscale("log"), axes[1].set_yscale("log"), axes[2].set_yscale("log")
 axes[0].legend(fontsize=6)
@@ -418,8 +528,8 @@ plt.show()
 # %% [markdown]
 # With fp32 shares the error does not depend on $R$: the gradient is rounded to the input dtype
 # once, whatever the number of blocks it was summed from (the real ranks and the one-process ring
-# agree). With rounded shares $R = 1$ is the same (one share, one rounding), and the error then grows
-# with every extra block a gradient collects.
+# agree). With rounded shares $R = 1$ is the same (one share, one rounding), and the error then
+# grows with every extra block a gradient collects.
 
 # %%
 for name in low_precision:
@@ -427,8 +537,10 @@ for name in low_precision:
     for grad in range(3):
         assert max(flat[R][grad] for R in ring_sizes) < 1.1 * min(flat[R][grad] for R in ring_sizes)
         assert rounded[8][grad] > 1.2 * rounded[1][grad]
-    print(f"{name}: dq error at R=8 / R=1: fp32 shares {flat[8][0] / flat[1][0]:.2f}, "
-          f"rounded shares {rounded[8][0] / rounded[1][0]:.2f}")
+    print(
+        f"{name}: dq error at R=8 / R=1: fp32 shares {flat[8][0] / flat[1][0]:.2f}, "
+        f"rounded shares {rounded[8][0] / rounded[1][0]:.2f}"
+    )
 
 # %% [markdown]
 # ## Summary

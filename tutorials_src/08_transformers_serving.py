@@ -18,8 +18,8 @@
 # * **decode** steps that append each new key and value in place at `cache_seqlens` (`k=`, `v=`);
 # * requests **admitted and retired** between steps, their pages reused;
 #
-# and checks every request's tokens against transformers' `generate`. To let transformers itself call
-# this package instead (its cache, your model), see *Using attn-ref with transformers*.
+# and checks every request's tokens against transformers' `generate`. To let transformers itself
+# call this package instead (its cache, your model), see *Using attn-ref with transformers*.
 
 # %%
 import torch
@@ -30,25 +30,40 @@ from attn_ref import flash_attn_with_kvcache
 
 torch.manual_seed(0)
 config = transformers.LlamaConfig(
-    vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.2,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    initializer_range=0.2,
 )
 model = transformers.LlamaForCausalLM(config).eval()
-layers, heads, heads_k, dim = config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+layers, heads, heads_k, dim = (
+    config.num_hidden_layers,
+    config.num_attention_heads,
+    config.num_key_value_heads,
+    config.head_dim,
+)
 
 # %% [markdown]
 # ## The model, layer by layer, with the attention left open
 #
 # A serving engine runs the model's weights with its own attention. `run_model` does that with
 # transformers' modules: embeddings, rotary, the projections, the MLPs. Every attention is a call
-# `attend(layer, q, k, v)` on the layout of `flash_attn_with_kvcache`, `(batch, seqlen, heads, dim)`.
-# Rotary is applied here with transformers' own function (Llama rotates halves: GPT-NeoX style), at
-# the positions the caller gives; the cache then stores rotated keys, as FA3's in-kernel rotary would.
+# `attend(layer, q, k, v)` on the layout of `flash_attn_with_kvcache`, `(batch, seqlen, heads,
+# dim)`. Rotary is applied here with transformers' own function (Llama rotates halves: GPT-NeoX
+# style), at the positions the caller gives; the cache then stores rotated keys, as FA3's in-kernel
+# rotary would.
+
 
 # %%
 def run_model(input_ids, positions, attend):
     """Logits ``(b, s, vocab)`` of tokens ``(b, s)`` at ``positions`` ``(b, s)``;
-    ``attend(layer, q, k, v)`` takes ``(b, s, heads|heads_k, dim)`` and returns ``(b, s, heads, dim)``."""
+    ``attend(layer, q, k, v)`` takes ``(b, s, heads|heads_k, dim)`` and returns ``(b, s, heads,
+    dim)``."""
     b, s = input_ids.shape
     x = model.model.embed_tokens(input_ids)
     cos, sin = model.model.rotary_emb(x, positions)  # (b, s, dim)
@@ -63,15 +78,16 @@ def run_model(input_ids, positions, attend):
     return model.lm_head(model.model.norm(x))
 
 
-scale = model.model.layers[0].self_attn.scaling  # dim ** -0.5 for Llama: flash_attn_with_kvcache's default too
+# dim ** -0.5 for Llama: flash_attn_with_kvcache's default too
+scale = model.model.layers[0].self_attn.scaling
 
 # %% [markdown]
 # ## The paged cache
 #
-# Per layer, `k_pages` and `v_pages` are `(num_pages, page_size, heads_k, dim)`. A request owns a row
-# of the page table: logical token `p` of the request lives in page `page_table[row, p // page_size]`
-# at slot `p % page_size`. Pages come from a free list in random order, so consecutive pages of a
-# request are far apart in memory, and the attention must follow the table.
+# Per layer, `k_pages` and `v_pages` are `(num_pages, page_size, heads_k, dim)`. A request owns a
+# row of the page table: logical token `p` of the request lives in page `page_table[row, p //
+# page_size]` at slot `p % page_size`. Pages come from a free list in random order, so consecutive
+# pages of a request are far apart in memory, and the attention must follow the table.
 
 # %%
 page_size, num_pages, rows, pages_per_row = 4, 24, 5, 8
@@ -104,6 +120,7 @@ class Request:
     def done(self):
         return len(self.tokens) == self.new_tokens
 
+
 # %% [markdown]
 # ## Prefill, packed
 #
@@ -111,6 +128,7 @@ class Request:
 # `run_model`, and as `(total, heads, dim)` with `cu_seqlens_q` for the attention: each prompt's
 # queries attend to its own keys only. `k=` / `v=` (packed the same way, `cu_seqlens_k_new`) are
 # written into the pages at `cache_seqlens` (0: the requests are new), then attended, causally.
+
 
 # %%
 def prefill_packed(requests):
@@ -124,10 +142,18 @@ def prefill_packed(requests):
 
     def attend(layer, q, k, v):
         out = flash_attn_with_kvcache(
-            q[0], k_pages[layer], v_pages[layer], k=k[0], v=v[0], page_table=table,
+            q[0],
+            k_pages[layer],
+            v_pages[layer],
+            k=k[0],
+            v=v[0],
+            page_table=table,
             cache_seqlens=torch.zeros(len(requests), dtype=torch.int32),
-            cu_seqlens_q=cu_seqlens, cu_seqlens_k_new=cu_seqlens, max_seqlen_q=int(lengths.max()),
-            softmax_scale=scale, causal=True,
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_k_new=cu_seqlens,
+            max_seqlen_q=int(lengths.max()),
+            softmax_scale=scale,
+            causal=True,
         )
         return out[None]  # (1, total, heads, dim)
 
@@ -135,6 +161,7 @@ def prefill_packed(requests):
     for r, end in zip(requests, cu_seqlens[1:].tolist()):
         r.length = len(r.prompt)
         r.tokens.append(int(logits[end - 1].argmax()))
+
 
 # %% [markdown]
 # ## Prefill, batched
@@ -144,6 +171,7 @@ def prefill_packed(requests):
 # real tokens never see the padding after them. The padding's keys are written to the pages behind
 # the prompt; nothing reads them, and the next token the request appends (at `cache_seqlens`, its
 # real length) overwrites the first.
+
 
 # %%
 def prefill_batched(requests):
@@ -157,8 +185,15 @@ def prefill_batched(requests):
 
     def attend(layer, q, k, v):
         return flash_attn_with_kvcache(
-            q, k_pages[layer], v_pages[layer], k=k, v=v, page_table=table,
-            cache_seqlens=torch.zeros(len(requests), dtype=torch.int32), softmax_scale=scale, causal=True,
+            q,
+            k_pages[layer],
+            v_pages[layer],
+            k=k,
+            v=v,
+            page_table=table,
+            cache_seqlens=torch.zeros(len(requests), dtype=torch.int32),
+            softmax_scale=scale,
+            causal=True,
         )
 
     logits = run_model(ids, positions, attend)
@@ -166,11 +201,13 @@ def prefill_batched(requests):
         r.length = len(r.prompt)
         r.tokens.append(int(logits[i, len(r.prompt) - 1].argmax()))
 
+
 # %% [markdown]
 # ## Decode
 #
 # One token per running request: `q` is `(b, 1, heads, dim)`; its key and value are appended in
 # place at `cache_seqlens` (each request's own length) and attended with everything before them.
+
 
 # %%
 def decode(requests):
@@ -182,14 +219,22 @@ def decode(requests):
 
     def attend(layer, q, k, v):
         return flash_attn_with_kvcache(
-            q, k_pages[layer], v_pages[layer], k=k, v=v, page_table=table, cache_seqlens=lengths,
-            softmax_scale=scale, causal=True,
+            q,
+            k_pages[layer],
+            v_pages[layer],
+            k=k,
+            v=v,
+            page_table=table,
+            cache_seqlens=lengths,
+            softmax_scale=scale,
+            causal=True,
         )
 
     logits = run_model(ids, lengths[:, None].long(), attend)
     for i, r in enumerate(requests):
         r.length += 1
         r.tokens.append(int(logits[i, -1].argmax()))
+
 
 # %% [markdown]
 # ## The loop
@@ -201,8 +246,11 @@ def decode(requests):
 
 # %%
 arrivals = [  # (step, name, prompt length, tokens to generate, prefill)
-    (0, "a", 5, 6, prefill_packed), (0, "b", 9, 3, prefill_packed), (0, "c", 3, 8, prefill_packed),
-    (2, "d", 4, 5, prefill_batched), (2, "e", 7, 4, prefill_batched),
+    (0, "a", 5, 6, prefill_packed),
+    (0, "b", 9, 3, prefill_packed),
+    (0, "c", 3, 8, prefill_packed),
+    (2, "d", 4, 5, prefill_batched),
+    (2, "e", 7, 4, prefill_batched),
     (2, "f", 6, 4, prefill_packed),  # no free row at step 2: waits for one
 ]
 prompts = {name: torch.randint(3, config.vocab_size, (n,)) for _, name, n, _, _ in arrivals}
@@ -227,16 +275,19 @@ with torch.no_grad():
         if decoding:
             decode(decoding)
         running += new
-        print(f"step {step:2d}: retired {[r.name for r in retired]}, {admitted[0][4].__name__ if new else 'no prefill'} "
-              f"{[r.name for r in new]}, decode {[r.name for r in decoding]}")
+        print(
+            f"step {step:2d}: retired {[r.name for r in retired]}, "
+            f"{admitted[0][4].__name__ if new else 'no prefill'} "
+            f"{[r.name for r in new]}, decode {[r.name for r in decoding]}"
+        )
         if not running and not waiting:
             break
 print("free pages:", len(free_pages), "of", num_pages)
 
 # %% [markdown]
 # `d` and `e` (4 and 7 prompt tokens) are prefilled together, batched; `f` arrives with them but
-# finds no free page-table row until `b` is retired, and then takes `b`'s row and pages. Every page is
-# free again at the end.
+# finds no free page-table row until `b` is retired, and then takes `b`'s row and pages. Every page
+# is free again at the end.
 #
 # ## Check against transformers
 #
@@ -245,8 +296,10 @@ print("free pages:", len(free_pages), "of", num_pages)
 
 # %%
 for r in sorted(finished, key=lambda r: r.name):
-    expected = model.generate(r.prompt[None], max_new_tokens=r.new_tokens, do_sample=False, pad_token_id=0)
-    expected = expected[0, len(r.prompt):].tolist()
+    expected = model.generate(
+        r.prompt[None], max_new_tokens=r.new_tokens, do_sample=False, pad_token_id=0
+    )
+    expected = expected[0, len(r.prompt) :].tolist()
     assert r.tokens == expected, (r.name, r.tokens, expected)
     print(f"{r.name}: prompt {len(r.prompt)} tokens, generated {r.tokens} == generate")
 

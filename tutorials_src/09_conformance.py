@@ -2,10 +2,11 @@
 # # Test your own kernel against the reference
 #
 # You wrote a `flash_attn_with_kvcache` of your own: a CUDA kernel for another GPU, a wrapper around
-# SDPA or FlashInfer, a CPU path. Does it behave like sglang's? The conformance suite answers feature
-# by feature: it calls your function on random valid calls and compares out and LSE with a float64
-# oracle (FlashAttention's tolerance rule), checks what the call writes into the caches, which calls
-# it refuses and how, and a few odd shapes. Every failure comes with a script that reproduces it.
+# SDPA or FlashInfer, a CPU path. Does it behave like sglang's? The conformance suite answers
+# feature by feature: it calls your function on random valid calls and compares out and LSE with a
+# float64 oracle (FlashAttention's tolerance rule), checks what the call writes into the caches,
+# which calls it refuses and how, and a few odd shapes. Every failure comes with a script that
+# reproduces it.
 #
 # This notebook writes a small implementation with three mistakes, lets the suite find them, fixes
 # them, and shows the command line and the pytest entry.
@@ -16,10 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
-
-import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # only matters for Triton targets on a CPU
 
@@ -42,21 +40,22 @@ HEADER = '''
 """my_attention: a small PyTorch flash_attn_with_kvcache (dense caches only)."""
 import torch
 
-CONFORMANCE_UNSUPPORTED = ["paged", "cache_batch_idx", "varlen_q", "varlen_new", "chunk", "softcap", "sinks",
-                           "qv", "only_qv", "rotary", "rotary_seqlens", "num_splits", "fp8", "out", "ver",
-                           "sglang_errors"]
+CONFORMANCE_UNSUPPORTED = ["paged", "cache_batch_idx", "varlen_q", "varlen_new", "chunk",
+                           "softcap", "sinks", "qv", "only_qv", "rotary", "rotary_seqlens",
+                           "num_splits", "fp8", "out", "ver", "sglang_errors"]
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, cache_leftpad=None,
-                            softmax_scale=None, causal=False, window_size=(-1, -1), return_softmax_lse=False,
-                            **others):
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
+                            cache_leftpad=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), return_softmax_lse=False, **others):
     if others:
         raise NotImplementedError(f"my_attention does not implement {sorted(others)}")
 '''
-BODY = '''
+BODY = """
     b, sq, h, d = q.shape
     h_k, dv = v_cache.shape[2], v_cache.shape[3]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    seqlens = torch.as_tensor(cache_seqlens if cache_seqlens is not None else k_cache.shape[1]).expand(b).tolist()
+    lengths = cache_seqlens if cache_seqlens is not None else k_cache.shape[1]
+    seqlens = torch.as_tensor(lengths).expand(b).tolist()
     starts = cache_leftpad.tolist() if cache_leftpad is not None else [0] * b
     new = 0 if k is None else k.shape[1]
     out = q.new_zeros(b, sq, h, dv)
@@ -70,7 +69,8 @@ BODY = '''
         keys = k_cache[i, first:end].float().repeat_interleave(h // h_k, dim=1)  # (sk, h, d)
         values = v_cache[i, first:end].float().repeat_interleave(h // h_k, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[i].float(), keys) * scale
-        row = torch.arange(sq, device=q.device)[:, None] + (end - first) - sq  # bottom-right aligned
+        # bottom-right aligned
+        row = torch.arange(sq, device=q.device)[:, None] + (end - first) - sq
         col = torch.arange(end - first, device=q.device)
         hidden = torch.zeros(sq, end - first, dtype=torch.bool, device=q.device)
         if right >= 0:
@@ -79,9 +79,10 @@ BODY = '''
             hidden |= col < row - left
         scores = scores.masked_fill(hidden, float("-inf"))
         lse[i] = torch.logsumexp(scores, dim=-1)
-        out[i] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1).nan_to_num(0.0), values).to(q.dtype)
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        out[i] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
     return (out, lse) if return_softmax_lse else out
-'''
+"""
 
 folder = Path(tempfile.mkdtemp())
 sys.path.insert(0, str(folder))
@@ -92,6 +93,7 @@ def write_module(header, body, first_key="0"):
     """Write my_attention.py and (re)import it."""
     (folder / "my_attention.py").write_text(header + body.replace("FIRST_KEY", first_key))
     import my_attention
+
     return importlib.reload(my_attention)
 
 
@@ -120,7 +122,8 @@ print(report.text(repros=False))
 #   +inf (it skips its kernel), not the -inf of an empty softmax.
 #
 # Each failure has a repro script: the seeded arguments, the exact call, and the suite's own check.
-# Pasted into a file, it prints the verdict and ends with an `AssertionError` while the bug is there.
+# Pasted into a file, it prints the verdict and ends with an `AssertionError` while the bug is
+# there.
 
 # %%
 leftpad = next(f for f in report.failed if f.name == "values/leftpad")
@@ -143,26 +146,30 @@ print(run.stdout)
 # zero-length KV tensors give +inf.
 
 # %%
-CHECKS = '''
+CHECKS = """
     b, sq, h, d = q.shape
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise ValueError("q, k_cache and v_cache must have one dtype")
     if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[3] != d:
-        raise ValueError("k_cache must be (batch, seqlen, h_k, d) and v_cache (batch, seqlen, h_k, dv)")
+        raise ValueError("k_cache must be (batch, seqlen, h_k, d) and "
+                         "v_cache (batch, seqlen, h_k, dv)")
     if v_cache.shape[0] != b or h % v_cache.shape[2]:
         raise ValueError("the caches need q's batch and a number of heads that divides q's")
     if (k is None) != (v is None) or (k is not None and cache_seqlens is None):
         raise ValueError("k and v go together, and need cache_seqlens")
-    if k is not None and (k.dtype != q.dtype or v.dtype != q.dtype or k.shape[2:] != k_cache.shape[2:]
+    if k is not None and (k.dtype != q.dtype or v.dtype != q.dtype
+                          or k.shape[2:] != k_cache.shape[2:]
                           or v.shape != (*k.shape[:3], v_cache.shape[3]) or k.shape[0] != b):
         raise ValueError("k and v must be (batch, seqlen_new, h_k, d | dv) in q's dtype")
-    if isinstance(cache_seqlens, torch.Tensor) and (cache_seqlens.dtype != torch.int32 or cache_seqlens.shape != (b,)):
+    if isinstance(cache_seqlens, torch.Tensor) and (cache_seqlens.dtype != torch.int32
+                                                    or cache_seqlens.shape != (b,)):
         raise ValueError("cache_seqlens must be a (batch,) int32 tensor")
-    if v_cache.shape[1] == 0 and (k is None or k.shape[1] == 0):  # zero-length KV tensors: FA3's +inf LSE
+    # zero-length KV tensors: FA3's +inf LSE
+    if v_cache.shape[1] == 0 and (k is None or k.shape[1] == 0):
         out = q.new_zeros(b, sq, h, v_cache.shape[3])
         lse = torch.full((b, h, sq), float("inf"), device=q.device)
         return (out, lse) if return_softmax_lse else out
-'''
+"""
 my_attention = write_module(HEADER + CHECKS, BODY, first_key="starts[i]")
 report = run_conformance("my_attention:flash_attn_with_kvcache", select="quick")
 print(report.text())
@@ -185,9 +192,22 @@ for name, what in CAPABILITIES.items():
 # target on a GPU (the oracle stays on the CPU), `--dtype` picks fp16, bf16 or fp32 inputs.
 
 # %%
-cli = subprocess.run([sys.executable, "-m", "attn_ref.conformance", "my_attention:flash_attn_with_kvcache",
-                      "--select", "values,odd_shapes", "--dtype", "fp16", "--report", str(folder / "report.json")],
-                     capture_output=True, text=True)
+cli = subprocess.run(
+    [
+        sys.executable,
+        "-m",
+        "attn_ref.conformance",
+        "my_attention:flash_attn_with_kvcache",
+        "--select",
+        "values,odd_shapes",
+        "--dtype",
+        "fp16",
+        "--report",
+        str(folder / "report.json"),
+    ],
+    capture_output=True,
+    text=True,
+)
 print("exit status", cli.returncode)
 print(cli.stdout)
 
@@ -207,5 +227,5 @@ print(cli.stdout)
 #
 # On a CUDA machine, the same suite runs against sglang's wrapper
 # (`sgl_kernel.flash_attn:flash_attn_with_kvcache`) or FlashAttention 3
-# (`flash_attn_interface:flash_attn_with_kvcache --unsupported only_qv,sinks,out,ver,sglang_errors`);
-# see the [conformance page](../conformance.md).
+# (`flash_attn_interface:flash_attn_with_kvcache --unsupported
+# only_qv,sinks,out,ver,sglang_errors`); see the [conformance page](../conformance.md).

@@ -18,4 +18,12 @@ from .report import Report
 from .runner import run_conformance
 from .target import KNOWN_TARGETS, load_target
 
-__all__ = ["CAPABILITIES", "FEATURES", "KNOWN_TARGETS", "Report", "SIZES", "load_target", "run_conformance"]
+__all__ = [
+    "CAPABILITIES",
+    "FEATURES",
+    "KNOWN_TARGETS",
+    "Report",
+    "SIZES",
+    "load_target",
+    "run_conformance",
+]

@@ -11,25 +11,47 @@ import argparse
 import os
 import sys
 
-DTYPES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16",
-          "fp32": "float32", "float32": "float32"}
+DTYPES = {
+    "fp16": "float16",
+    "float16": "float16",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp32": "float32",
+    "float32": "float32",
+}
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m attn_ref.conformance",
-        description="Check a flash_attn_with_kvcache implementation against the attn_ref float64 oracle and "
-                    "sglang's API contract, feature by feature.")
-    p.add_argument("target", nargs="?", help="module:function, e.g. kernels:flash_attn_with_kvcache")
-    p.add_argument("--device", default="cpu", help="device of the tensors passed to the target (default cpu)")
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="input dtype of the value probes")
-    p.add_argument("--select", default="quick",
-                   help="quick, default or full; or comma-separated feature / family names (and a size)")
+        description="Check a flash_attn_with_kvcache implementation against the attn_ref float64 "
+        "oracle and sglang's API contract, feature by feature.",
+    )
+    p.add_argument(
+        "target", nargs="?", help="module:function, e.g. kernels:flash_attn_with_kvcache"
+    )
+    p.add_argument(
+        "--device", default="cpu", help="device of the tensors passed to the target (default cpu)"
+    )
+    p.add_argument(
+        "--dtype", default="bf16", choices=sorted(DTYPES), help="input dtype of the value probes"
+    )
+    p.add_argument(
+        "--select",
+        default="quick",
+        help="quick, default or full; or comma-separated feature / family names (and a size)",
+    )
     p.add_argument("--seed", type=int, default=0, help="first seed of the random probes")
     p.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
-    p.add_argument("--unsupported", default="", help="comma-separated capabilities the target does not support")
-    p.add_argument("--no-repro", action="store_true", help="print failures without their repro snippets")
-    p.add_argument("--list", action="store_true", help="list the features and capabilities, then exit")
+    p.add_argument(
+        "--unsupported", default="", help="comma-separated capabilities the target does not support"
+    )
+    p.add_argument(
+        "--no-repro", action="store_true", help="print failures without their repro snippets"
+    )
+    p.add_argument(
+        "--list", action="store_true", help="list the features and capabilities, then exit"
+    )
     return p
 
 
@@ -44,7 +66,10 @@ def main(argv=None) -> int:
     if args.list:
         print("features:")
         for feature in FEATURES:
-            print(f"  {feature.name:<34} {feature.summary}" + (f"  [needs {', '.join(feature.needs)}]" if feature.needs else ""))
+            print(
+                f"  {feature.name:<34} {feature.summary}"
+                + (f"  [needs {', '.join(feature.needs)}]" if feature.needs else "")
+            )
         print("capabilities (--unsupported):")
         for name, what in CAPABILITIES.items():
             print(f"  {name:<16} {what}")
@@ -54,10 +79,18 @@ def main(argv=None) -> int:
     unsupported = [name for name in args.unsupported.split(",") if name.strip()]
     try:
         report = run_conformance(
-            args.target, device=args.device, dtype=getattr(torch, DTYPES[args.dtype]), select=args.select,
-            seed=args.seed, unsupported=[n.strip() for n in unsupported],
-            progress=lambda r: print(f"{r.status.upper():<13} {r.name}  ({r.seconds:.2f}s)", file=sys.stderr))
-    except ValueError as exc:  # a target that cannot be loaded, an unknown name in --select / --unsupported
+            args.target,
+            device=args.device,
+            dtype=getattr(torch, DTYPES[args.dtype]),
+            select=args.select,
+            seed=args.seed,
+            unsupported=[n.strip() for n in unsupported],
+            progress=lambda r: print(
+                f"{r.status.upper():<13} {r.name}  ({r.seconds:.2f}s)", file=sys.stderr
+            ),
+        )
+    # a target that cannot be loaded, an unknown name in --select / --unsupported
+    except ValueError as exc:
         parser().error(str(exc))
     if args.report:
         report.write(args.report)

@@ -15,17 +15,26 @@ import torch
 from ..kvcache import flash_attn_with_kvcache
 
 #: sglang's parameters and defaults (spec table 1.1), read off the reference's signature.
-DEFAULTS = {name: p.default for name, p in inspect.signature(flash_attn_with_kvcache).parameters.items()}
+DEFAULTS = {
+    name: p.default for name, p in inspect.signature(flash_attn_with_kvcache).parameters.items()
+}
 
 Outcome = Union[BaseException, torch.Tensor, tuple]
 
 
 def call_kwargs(args: dict, knobs: dict) -> dict:
-    """``args`` and ``knobs`` without the entries that equal the API's defaults (tensors are kept)."""
+    """``args`` and ``knobs`` without the entries that equal the API's defaults (tensors are
+    kept)."""
+
     def is_default(name, value):
         default = DEFAULTS.get(name, inspect.Parameter.empty)
-        return (default is not inspect.Parameter.empty and not isinstance(value, torch.Tensor)
-                and type(value) is type(default) and value == default)
+        return (
+            default is not inspect.Parameter.empty
+            and not isinstance(value, torch.Tensor)
+            and type(value) is type(default)
+            and value == default
+        )
+
     merged = {**args, **knobs}
     return {name: value for name, value in merged.items() if not is_default(name, value)}
 
@@ -39,7 +48,8 @@ def call_target(fn: Callable, args: dict, knobs: dict) -> Outcome:
 
 
 def cpu_copy(value):
-    """A detached CPU copy of a tensor, or of the tensors in a dict, list or tuple (others as they are)."""
+    """A detached CPU copy of a tensor, or of the tensors in a dict, list or tuple (others as they
+    are)."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
@@ -50,8 +60,8 @@ def cpu_copy(value):
 
 
 def raised(outcome: Outcome) -> str | None:
-    """``"Type: message"`` when ``outcome`` is an exception, else None (a NotImplementedError says that
-    the feature may be declared unsupported)."""
+    """``"Type: message"`` when ``outcome`` is an exception, else None (a NotImplementedError says
+    that the feature may be declared unsupported)."""
     if not isinstance(outcome, BaseException):
         return None
     text = f"raised {type(outcome).__name__}: {outcome}"

@@ -18,7 +18,10 @@ from .verdict import Verdict, failed, passed
 
 TABLES = {"UPSTREAM_ORDER": UPSTREAM_ORDER, "PACKAGE_CHECKS": PACKAGE_CHECKS}
 #: sglang asserts these (AssertionError); this package raises them as ValueError with the same text.
-ASSERTED = ("v_cache must have contiguous last dimension", "k_cache must have contiguous last dimension")
+ASSERTED = (
+    "v_cache must have contiguous last dimension",
+    "k_cache must have contiguous last dimension",
+)
 
 
 def error_case(table: str, case: str, device: str = "cpu") -> dict:
@@ -30,7 +33,8 @@ def error_case(table: str, case: str, device: str = "cpu") -> dict:
 
 
 def check_error(before: dict, after: dict, outcome: Outcome, table: str, case: str) -> Verdict:
-    """``outcome`` is the table's exception with the table's message, and the caches are untouched."""
+    """``outcome`` is the table's exception with the table's message, and the caches are
+    untouched."""
     _, error, message = TABLES[table][case]
     wanted = f"{error.__name__}: {message if isinstance(message, str) else message.pattern}"
     if not isinstance(outcome, BaseException):

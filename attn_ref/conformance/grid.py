@@ -43,9 +43,9 @@ SIZES = {
 
 @dataclass(frozen=True)
 class Probe:
-    """One call: ``args = builder(**build)``, ``outcome = target(**args, **knobs)`` (or the exception
-    it raised), ``verdict = check(before, args, outcome, **check_args)`` with ``before`` a CPU copy of
-    ``args`` taken before the call."""
+    """One call: ``args = builder(**build)``, ``outcome = target(**args, **knobs)`` (or the
+    exception it raised), ``verdict = check(before, args, outcome, **check_args)`` with ``before`` a
+    CPU copy of ``args`` taken before the call."""
 
     feature: str
     label: str
@@ -71,14 +71,21 @@ class Feature:
         return self.name.split("/")[0]
 
 
-def select(features: list[Feature], select: str | list[str] = "quick") -> tuple[Size, list[Feature]]:
+def select(
+    features: list[Feature], select: str | list[str] = "quick"
+) -> tuple[Size, list[Feature]]:
     """The size and the features ``select`` names: a size name (every feature at that size), or
     feature names, family names (``values``) and at most one size name, comma-separated or as a list
     (the features named, at that size, quick by default)."""
-    words = [w.strip() for w in (select.split(",") if isinstance(select, str) else select) if w.strip()]
+    words = [
+        w.strip() for w in (select.split(",") if isinstance(select, str) else select) if w.strip()
+    ]
     by_name = {f.name: f for f in features}
-    check_names("--select entry", [w for w in words if w not in SIZES and w not in FAMILIES],
-                [*SIZES, *FAMILIES, *by_name])
+    check_names(
+        "--select entry",
+        [w for w in words if w not in SIZES and w not in FAMILIES],
+        [*SIZES, *FAMILIES, *by_name],
+    )
     sizes = [w for w in words if w in SIZES]
     size = SIZES[sizes[-1] if sizes else "quick"]
     named = [w for w in words if w not in SIZES]

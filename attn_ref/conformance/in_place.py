@@ -28,7 +28,11 @@ def check_in_place(before: dict, after: dict, outcome: Outcome) -> Verdict:
     if problem:
         return failed(problem)
     for name, old in before.items():
-        if isinstance(old, torch.Tensor) and name not in WRITTEN and not torch.equal(cpu_copy(after[name]), old):
+        if (
+            isinstance(old, torch.Tensor)
+            and name not in WRITTEN
+            and not torch.equal(cpu_copy(after[name]), old)
+        ):
             return failed(f"input {name} was modified by the call")
     expected = kvcache_oracle(**oracle_args(before))
     rotated = before.get("rotary_cos") is not None
@@ -48,19 +52,28 @@ def check_in_place(before: dict, after: dict, outcome: Outcome) -> Verdict:
     return measured(ratio, "; ".join(details)) if rotated else passed("; ".join(details))
 
 
-def _first_difference(name: str, got: torch.Tensor, want: torch.Tensor, old: torch.Tensor) -> str | None:
+def _first_difference(
+    name: str, got: torch.Tensor, want: torch.Tensor, old: torch.Tensor
+) -> str | None:
     """None when ``got`` equals ``want`` exactly; else where they differ, and whether the entry is
     one the call should have written (differs from ``old``) or one it should have left alone."""
     if got.shape != want.shape or got.dtype != want.dtype:
-        return f"{name} changed shape or dtype: {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
-    differ = (got.float() != want.float()).flatten(2).any(-1)  # (rows or pages, tokens): any head or channel
+        return (
+            f"{name} changed shape or dtype: {got.dtype} {tuple(got.shape)}, "
+            f"expected {want.dtype} {tuple(want.shape)}"
+        )
+    # (rows or pages, tokens): any head or channel
+    differ = (got.float() != want.float()).flatten(2).any(-1)
     if not differ.any():
         return None
     slots = differ.nonzero().tolist()
     appended = (want.float() != old.float()).flatten(2).any(-1)
     stray = [s for s in slots if not appended[s[0], s[1]]]
-    kind = (f"{len(stray)} slot(s) the call must not touch were written, first {tuple(stray[0])}" if stray
-            else f"{len(slots)} appended slot(s) hold wrong values, first {tuple(slots[0])}")
+    kind = (
+        f"{len(stray)} slot(s) the call must not touch were written, first {tuple(stray[0])}"
+        if stray
+        else f"{len(slots)} appended slot(s) hold wrong values, first {tuple(slots[0])}"
+    )
     return f"{name} (row or page, token): {kind}"
 
 
@@ -69,7 +82,9 @@ def out_buffer_case(**case) -> dict:
     args = make_case(**case)
     ref = args["qv"] if args.get("only_qv") else args["q"]
     dtype = torch.bfloat16 if ref.dtype == torch.float8_e4m3fn else ref.dtype
-    args["out"] = torch.full((*ref.shape[:-1], args["v_cache"].shape[-1]), float("nan"), dtype=dtype, device=ref.device)
+    args["out"] = torch.full(
+        (*ref.shape[:-1], args["v_cache"].shape[-1]), float("nan"), dtype=dtype, device=ref.device
+    )
     return args
 
 

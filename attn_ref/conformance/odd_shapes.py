@@ -32,7 +32,9 @@ def strided_case(**case) -> dict:
     for name in STRIDED:
         x = args.get(name)
         if isinstance(x, torch.Tensor):
-            buffer = torch.zeros(*x.shape[:-2], x.shape[-2] + 1, x.shape[-1], dtype=x.dtype, device=x.device)
+            buffer = torch.zeros(
+                *x.shape[:-2], x.shape[-2] + 1, x.shape[-1], dtype=x.dtype, device=x.device
+            )
             buffer[..., :-1, :] = x
             args[name] = buffer[..., :-1, :]
     return args

@@ -41,8 +41,14 @@ def conformance_test(
     def test_conformance(feature: Feature) -> None:
         result = run_feature(fn, name, feature, size, dtype, seed, str(device), declared)
         if result.status == NOT_SUPPORTED:
-            pytest.skip(f"not supported: {feature.name} needs {', '.join(result.unsupported)}, declared unsupported")
+            pytest.skip(
+                f"not supported: {feature.name} needs {', '.join(result.unsupported)}, declared "
+                "unsupported"
+            )
         if result.status == FAIL:
-            pytest.fail("\n\n".join(f"[{f.label}] {f.detail}\n\n{f.repro}" for f in result.failures), pytrace=False)
+            pytest.fail(
+                "\n\n".join(f"[{f.label}] {f.detail}\n\n{f.repro}" for f in result.failures),
+                pytrace=False,
+            )
 
     return test_conformance

@@ -78,14 +78,23 @@ class Report:
 
     def text(self, repros: bool = True) -> str:
         """A table of the features, then each failure with its repro snippet."""
-        lines = [f"conformance of {self.target} on {self.device}, {self.dtype}, size {self.size}, seed {self.seed}"
-                 + (f", declared unsupported: {', '.join(self.unsupported)}" if self.unsupported else ""), ""]
+        lines = [
+            f"conformance of {self.target} on {self.device}, {self.dtype}, size {self.size}, seed "
+            f"{self.seed}"
+            + (
+                f", declared unsupported: {', '.join(self.unsupported)}" if self.unsupported else ""
+            ),
+            "",
+        ]
         width = max((len(f.name) for f in self.features), default=0)
         for f in self.features:
             ratio = "" if f.worst_ratio is None else f"worst error ratio {f.worst_ratio:.3g}"
             if f.status == NOT_SUPPORTED:
                 ratio = f"declared unsupported: {', '.join(f.unsupported)}"
-            lines.append(f"{f.status.upper():<13} {f.name:<{width}}  {f.probes:>3} probes  {f.seconds:6.2f}s  {ratio}")
+            lines.append(
+                f"{f.status.upper():<13} {f.name:<{width}}  {f.probes:>3} probes  "
+                f"{f.seconds:6.2f}s  {ratio}"
+            )
         counts = {s: sum(f.status == s for f in self.features) for s in (PASS, FAIL, NOT_SUPPORTED)}
         lines += ["", ", ".join(f"{n} {s}" for s, n in counts.items())]
         for f in self.failed:

@@ -18,8 +18,12 @@ def repro_snippet(probe: Probe, args: dict, target: str) -> str:
     head, _, rest = path.partition(".")
     fn = f"{head}.{rest}" if rest else "fn"
     imported = f"from {module} import {head}" if rest else f"from {module} import {head} as fn"
-    passed_args = [f"{name}=args[{name!r}]" if name in args and name not in probe.knobs else f"{name}={value!r}"
-              for name, value in call_kwargs(args, probe.knobs).items()]
+    passed_args = [
+        f"{name}=args[{name!r}]"
+        if name in args and name not in probe.knobs
+        else f"{name}={value!r}"
+        for name, value in call_kwargs(args, probe.knobs).items()
+    ]
     check_args = "".join(f", {key}={val!r}" for key, val in probe.check_args.items())
     lines = [
         f"# Repro: {probe.feature} [{probe.label}], attn_ref conformance suite, target {target}",

@@ -11,8 +11,8 @@ from .call import call_target, cpu_copy
 from .capabilities import declared_unsupported
 from .features import FEATURES
 from .grid import Feature, Probe, Size, select as select_features
-from .repro import repro_snippet
 from .report import FAIL, NOT_SUPPORTED, PASS, Failure, FeatureResult, Report
+from .repro import repro_snippet
 from .target import load_target, target_name
 from .verdict import Verdict, failed
 
@@ -32,7 +32,8 @@ def run_conformance(
 
     ``select``: ``quick`` / ``default`` / ``full``, or feature and family names (see
     :func:`grid.select`); ``unsupported``: capabilities the target declares it lacks, united with
-    its ``CONFORMANCE_UNSUPPORTED``; ``progress`` is called with each feature's result as it is done.
+    its ``CONFORMANCE_UNSUPPORTED``; ``progress`` is called with each feature's result as it is
+    done.
     """
     fn, name, declared, size, chosen = plan(target, select, unsupported, features)
     results = []
@@ -41,11 +42,23 @@ def run_conformance(
         results.append(result)
         if progress is not None:
             progress(result)
-    return Report(name, str(device), str(dtype).removeprefix("torch."), size.name, seed, sorted(declared), results)
+    return Report(
+        name,
+        str(device),
+        str(dtype).removeprefix("torch."),
+        size.name,
+        seed,
+        sorted(declared),
+        results,
+    )
 
 
-def plan(target: Union[str, Callable], select: Union[str, list[str]], unsupported: Iterable[str],
-         features: Optional[list[Feature]] = None) -> tuple[Callable, str, frozenset, Size, list[Feature]]:
+def plan(
+    target: Union[str, Callable],
+    select: Union[str, list[str]],
+    unsupported: Iterable[str],
+    features: Optional[list[Feature]] = None,
+) -> tuple[Callable, str, frozenset, Size, list[Feature]]:
     """The function, its ``module:function`` name, its declared-unsupported capabilities, the size
     and the features of a run (every name checked before anything runs)."""
     fn = load_target(target) if isinstance(target, str) else target
@@ -55,8 +68,16 @@ def plan(target: Union[str, Callable], select: Union[str, list[str]], unsupporte
     return fn, name, declared, size, chosen
 
 
-def run_feature(fn: Callable, name: str, feature: Feature, size: Size, dtype: torch.dtype, seed: int, device: str,
-                declared: frozenset) -> FeatureResult:
+def run_feature(
+    fn: Callable,
+    name: str,
+    feature: Feature,
+    size: Size,
+    dtype: torch.dtype,
+    seed: int,
+    device: str,
+    declared: frozenset,
+) -> FeatureResult:
     """One feature: "not supported" if it needs a declared capability, else all its probes."""
     missing = sorted(set(feature.needs) & declared)
     if missing:
@@ -70,7 +91,9 @@ def run_feature(fn: Callable, name: str, feature: Feature, size: Size, dtype: to
             result.worst_ratio = max(result.worst_ratio or 0.0, verdict.ratio)
         if not verdict.passed:
             result.status = FAIL
-            result.failures.append(Failure(probe.label, verdict.detail, repro_snippet(probe, args, name)))
+            result.failures.append(
+                Failure(probe.label, verdict.detail, repro_snippet(probe, args, name))
+            )
     result.seconds = time.perf_counter() - start
     return result
 
@@ -84,4 +107,7 @@ def run_probe(fn: Callable, probe: Probe) -> tuple[dict, Verdict]:
     try:
         return args, probe.check(before, args, outcome, **probe.check_args)
     except Exception as exc:  # the result is malformed in a way the check did not foresee
-        return args, failed(f"the outcome could not be checked ({type(exc).__name__}: {exc}); outcome: {outcome!r:.200}")
+        return args, failed(
+            f"the outcome could not be checked ({type(exc).__name__}: {exc}); outcome: "
+            f"{outcome!r:.200}"
+        )

@@ -12,11 +12,15 @@ from typing import Callable, Optional
 #: Targets worth knowing, and what to declare unsupported for each (``--unsupported``).
 KNOWN_TARGETS = {
     "attn_ref:flash_attn_with_kvcache": ("this package's PyTorch reference", ""),
-    "kernels:flash_attn_with_kvcache": ("this package's Triton kernels (on CPU under TRITON_INTERPRET=1)", ""),
+    "kernels:flash_attn_with_kvcache": (
+        "this package's Triton kernels (on CPU under TRITON_INTERPRET=1)",
+        "",
+    ),
     "sgl_kernel.flash_attn:flash_attn_with_kvcache": ("sglang's FA3 wrapper (CUDA, sm90)", ""),
     "flash_attn_interface:flash_attn_with_kvcache": (
         "FlashAttention 3 (CUDA, sm90): no only_qv, sinks, out, ver, nor sglang's ValueErrors",
-        "only_qv,sinks,out,ver,sglang_errors"),
+        "only_qv,sinks,out,ver,sglang_errors",
+    ),
 }
 
 

@@ -1,13 +1,15 @@
 """Tolerance rules of the tests and the conformance suite (FlashAttention's kvcache test's rule).
 
-An implementation's output is compared with an fp32 oracle ``out_ref`` relative to how far the *same*
+An implementation's output is compared with an fp32 oracle ``out_ref`` relative to how far the
+*same*
 oracle computed in the low dtype, ``out_lowp``, lands from ``out_ref``::
 
     max |out - out_ref|  <= mult      * max |out_lowp - out_ref|  + 1e-5
     mean|out - out_ref|  <= mult_mean * mean|out_lowp - out_ref|  + 1e-5
 
 with ``mult, mult_mean = 2, 1.5`` (4, 3 for fp8 inputs). The bound scales with the dtype's rounding
-noise, so no fixed atol is needed. LSEs are fp32 everywhere and compared tightly (``assert_lse_close``).
+noise, so no fixed atol is needed. LSEs are fp32 everywhere and compared tightly
+(``assert_lse_close``).
 
 On tiny problems (a few keys, one row) the low-precision baseline can be almost exact while an
 implementation that rounds its probabilities to the input dtype (as FA3 does for the ``P·V`` matmul)
@@ -28,7 +30,11 @@ EPS = 1e-5
 
 
 def fa_error(
-    out: torch.Tensor, out_ref: torch.Tensor, out_lowp: torch.Tensor, fp8: bool = False, atol: float = EPS
+    out: torch.Tensor,
+    out_ref: torch.Tensor,
+    out_lowp: torch.Tensor,
+    fp8: bool = False,
+    atol: float = EPS,
 ) -> tuple[float, str]:
     """FlashAttention's output rule (see the module docstring) as ``(ratio, what)``: the larger of
     ``max|err| / (mult * max|base| + atol)`` and ``mean|err| / (mult_mean * mean|base| + atol)``;
@@ -42,14 +48,25 @@ def fa_error(
     mult, mult_mean = (4.0, 3.0) if fp8 else (2.0, 1.5)
     err = (out.float() - out_ref.float()).abs()
     base = (out_lowp.float() - out_ref.float()).abs()
-    allowed_max, allowed_mean = mult * base.max().item() + atol, mult_mean * base.mean().item() + atol
+    allowed_max, allowed_mean = (
+        mult * base.max().item() + atol,
+        mult_mean * base.mean().item() + atol,
+    )
     ratio = max(err.max().item() / allowed_max, err.mean().item() / allowed_mean)
-    return ratio, (f"max error {err.max():.3g} (allowed {mult} x low-precision error {base.max():.3g} + {atol:.3g}), "
-                   f"mean error {err.mean():.3g} (allowed {mult_mean} x {base.mean():.3g} + {atol:.3g})")
+    return ratio, (
+        f"max error {err.max():.3g} (allowed {mult} x low-precision error {base.max():.3g} + "
+        f"{atol:.3g}), "
+        f"mean error {err.mean():.3g} (allowed {mult_mean} x {base.mean():.3g} + "
+        f"{atol:.3g})"
+    )
 
 
 def assert_close_fa(
-    out: torch.Tensor, out_ref: torch.Tensor, out_lowp: torch.Tensor, fp8: bool = False, atol: float = EPS
+    out: torch.Tensor,
+    out_ref: torch.Tensor,
+    out_lowp: torch.Tensor,
+    fp8: bool = False,
+    atol: float = EPS,
 ) -> None:
     """:func:`fa_error` is at most 1."""
     ratio, what = fa_error(out, out_ref, out_lowp, fp8, atol)
@@ -57,7 +74,8 @@ def assert_close_fa(
 
 
 def rounding_atol(out_ref: torch.Tensor) -> float:
-    """FA's ``fwd_atol``: twice the rounding noise of ``out_ref``'s dtype at its values' magnitude."""
+    """FA's ``fwd_atol``: twice the rounding noise of ``out_ref``'s dtype at its values'
+    magnitude."""
     if out_ref.numel() == 0:
         return EPS
     noisy = (out_ref + 0.3 - 0.3).float()
@@ -65,10 +83,12 @@ def rounding_atol(out_ref: torch.Tensor) -> float:
 
 
 def lse_error(lse: torch.Tensor, lse_ref: torch.Tensor) -> tuple[float, str]:
-    """fp32 LSEs as ``(ratio, what)``: same dtype, shape and +-inf entries (``inf`` otherwise), finite
-    entries within fp32 summation noise, ``|lse - ref| <= 1e-5 + 1e-5 |ref|``."""
+    """fp32 LSEs as ``(ratio, what)``: same dtype, shape and +-inf entries (``inf`` otherwise),
+    finite entries within fp32 summation noise, ``|lse - ref| <= 1e-5 + 1e-5 |ref|``."""
     if lse.dtype != torch.float32 or lse.shape != lse_ref.shape:
-        return float("inf"), f"LSE {lse.dtype} {tuple(lse.shape)}, expected torch.float32 {tuple(lse_ref.shape)}"
+        return float(
+            "inf"
+        ), f"LSE {lse.dtype} {tuple(lse.shape)}, expected torch.float32 {tuple(lse_ref.shape)}"
     finite = lse_ref.isfinite()
     if not torch.equal(lse.isfinite(), finite) or not torch.equal(lse[~finite], lse_ref[~finite]):
         return float("inf"), "LSE has +-inf or NaN where the oracle does not (or not where it does)"
@@ -87,15 +107,24 @@ def assert_lse_close(lse: torch.Tensor, lse_ref: torch.Tensor) -> None:
 
 def rounding_error(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, str]:
     """Tensors of a low dtype that may differ by one rounding of fp32 values (e.g. rotated keys
-    computed with a different fp32 operation order), as ``(ratio, what)`` with the allowed difference
-    ``eps(dtype) * |e| + 1e-6``."""
+    computed with a different fp32 operation order), as ``(ratio, what)`` with the allowed
+    difference ``eps(dtype) * |e| + 1e-6``."""
     if actual.dtype != expected.dtype or actual.shape != expected.shape:
-        return float("inf"), f"{actual.dtype} {tuple(actual.shape)}, expected {expected.dtype} {tuple(expected.shape)}"
+        return (
+            float("inf"),
+            f"{actual.dtype} {tuple(actual.shape)}, expected {expected.dtype} "
+            f"{tuple(expected.shape)}",
+        )
     if actual.numel() == 0:
         return 0.0, "empty"
     a, e = actual.float(), expected.float()
     diff = (a - e).abs()
-    ratio = (diff / (torch.finfo(actual.dtype).eps * e.abs() + 1e-6)).max().nan_to_num(float("inf")).item()
+    ratio = (
+        (diff / (torch.finfo(actual.dtype).eps * e.abs() + 1e-6))
+        .max()
+        .nan_to_num(float("inf"))
+        .item()
+    )
     return ratio, f"max difference {diff.max():.3g} (allowed one rounding: eps x |value| + 1e-6)"
 
 

@@ -2,10 +2,10 @@
 
 The output passes FlashAttention's rule (its error at most 2x, mean 1.5x, the error of the same
 computation in the input dtype, plus 1e-5; 4x / 3x for fp8; :func:`tolerance.fa_error`); the LSE
-(fp32) is within ``1e-5 + 1e-5 |lse|`` and has the oracle's infinities (:func:`tolerance.lse_error`).
-Split-KV partials, when the call returns them, must combine (``lse = logsumexp_s lse_s``,
-``out = Σ_s exp(lse_s - lse) out_s``: :func:`attn_ref.merge.merge_attention_states`) to an
-output and an LSE that pass the same rules.
+(fp32) is within ``1e-5 + 1e-5 |lse|`` and has the oracle's infinities
+(:func:`tolerance.lse_error`). Split-KV partials, when the call returns them, must combine (``lse =
+logsumexp_s lse_s``, ``out = Σ_s exp(lse_s - lse) out_s``:
+:func:`attn_ref.merge.merge_attention_states`) to an output and an LSE that pass the same rules.
 """
 
 from __future__ import annotations
@@ -44,12 +44,17 @@ def check_values_and_partials(before: dict, after: dict, outcome: Outcome) -> Ve
     weights = torch.exp(lacc - lse).nan_to_num(0.0, posinf=0.0)  # rows with no key anywhere: 0
     out = (weights[..., None] * acc).sum(0)  # (b, h, sq, dv) or (h, total_q, dv)
     out = out.transpose(0, 1) if out.dim() == 3 else out.transpose(1, 2)
-    return worst(verdict, _against_oracle(before, out.to(outcome[0].dtype), lse, "combined partials: "))
+    return worst(
+        verdict, _against_oracle(before, out.to(outcome[0].dtype), lse, "combined partials: ")
+    )
 
 
 def _not_out_and_lse(outcome: Outcome) -> str | None:
     if not isinstance(outcome, (tuple, list)) or len(outcome) < 2:
-        return f"return_softmax_lse=True must return (out, softmax_lse, ...), got {type(outcome).__name__}"
+        return (
+            "return_softmax_lse=True must return (out, softmax_lse, ...), "
+            f"got {type(outcome).__name__}"
+        )
     return None
 
 
@@ -66,4 +71,6 @@ def _against_oracle(before: dict, out: torch.Tensor, lse: torch.Tensor, what: st
     fp8 = (before["qv"] if before.get("only_qv") else before["q"]).dtype == FP8
     out_ratio, out_detail = fa_error(out, ref.out, lowp.out, fp8=fp8)
     lse_ratio, lse_detail = lse_error(lse, ref.lse)
-    return worst(measured(out_ratio, f"{what}out: {out_detail}"), measured(lse_ratio, f"{what}{lse_detail}"))
+    return worst(
+        measured(out_ratio, f"{what}out: {out_detail}"), measured(lse_ratio, f"{what}{lse_detail}")
+    )

@@ -1,1 +1,2 @@
-"""Integrations with other libraries: :mod:`attn_ref.integrations.transformers` (Hugging Face transformers)."""
+"""Integrations with other libraries: :mod:`attn_ref.integrations.transformers` (Hugging Face
+transformers)."""

@@ -22,8 +22,9 @@ Deliberate differences from sglang's ``layer.py`` / ``usp.py``:
 
 * Groups and the SP mode are arguments (``groups=``, ``sp_attention_mode=``), not global state or
   server arguments; ``"auto"`` plays the role of ``sp_split_auto``. The constructors take sglang's
-  arguments in sglang's order (``supported_attention_backends``, ``prefix`` and ``**extra_impl_args``
-  are kept, not used; USP's ``dropout_rate`` must be 0) and these keyword-only ones after them.
+  arguments in sglang's order (``supported_attention_backends``, ``prefix`` and
+  ``**extra_impl_args`` are kept, not used; USP's ``dropout_rate`` must be 0) and these keyword-only
+  ones after them.
 * Every rank of a group checks that all ranks made the same call (one small all-gather per call,
   :mod:`.agreement`; ``ATTN_REF_SP_CHECK_RANKS=0`` turns it off), so ranks that disagree all raise
   the same error instead of one aborting inside a collective.
@@ -47,9 +48,16 @@ Deliberate differences from sglang's ``layer.py`` / ``usp.py``:
   inputs, K/V gather inside USPAttention, UlyssesAttention_VSA, dropout.
 """
 
-from .backend import REFERENCE_BACKEND, AttentionBackend
 from .agreement import CHECK_RANKS_ENV
-from .comm import SELF_GROUP, RingExchange, all_gather, all_to_all_4d, all_to_all_4d_packed, heads_of_rank
+from .backend import REFERENCE_BACKEND, AttentionBackend
+from .comm import (
+    SELF_GROUP,
+    RingExchange,
+    all_gather,
+    all_to_all_4d,
+    all_to_all_4d_packed,
+    heads_of_rank,
+)
 from .groups import SequenceParallelGroups, init_sequence_parallel_groups
 from .launch import launch
 from .layout import shard_positions, shard_sequence, unshard_sequence

@@ -1,4 +1,5 @@
-"""Ranks that make different calls get the same error, instead of one of them aborting inside a collective.
+"""Ranks that make different calls get the same error, instead of one of them aborting inside a
+collective.
 
 Every rank of a sequence-parallel group must make the same call: the same function, dtypes, shapes
 (apart from the varlen sequence dim), heads, replicated counts and group layout. When one rank
@@ -39,7 +40,8 @@ CHECK_RANKS_ENV = "ATTN_REF_SP_CHECK_RANKS"
 
 T = TypeVar("T")
 
-#: ``torch.distributed``'s one-tensor all-gather (named ``all_gather_into_tensor`` before torch 2.13).
+#: ``torch.distributed``'s one-tensor all-gather (named ``all_gather_into_tensor`` before torch
+#: 2.13).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -54,13 +56,18 @@ def describe(x: object, varlen_dim: Optional[int] = None) -> object:
     ``varlen_dim``: a dim whose size may differ between ranks (the local length of a varlen call).
     """
     if not isinstance(x, torch.Tensor):
-        return x if x is None or isinstance(x, (bool, int, float, str, tuple, list)) else type(x).__name__
+        return (
+            x
+            if x is None or isinstance(x, (bool, int, float, str, tuple, list))
+            else type(x).__name__
+        )
     shape = ["*" if d == varlen_dim else n for d, n in enumerate(x.shape)]
     return (tuple(shape), str(x.dtype), x.device.type)
 
 
 def run_checks_on_every_rank(group: Group, call: str, fields: dict, checks: Callable[[], T]) -> T:
-    """``checks()`` on this rank, then the same outcome on every rank of ``group`` (module docstring).
+    """``checks()`` on this rank, then the same outcome on every rank of ``group`` (module
+    docstring).
 
     Args:
         group: the group the call communicates over (None: the default group).
@@ -90,31 +97,36 @@ def _crc(text: str) -> int:
 
 
 def _rows_differ(mine: list[int], group: Group) -> bool:
-    """All-gather ``mine`` over ``group``; whether any rank's row differs (the same answer on every rank)."""
+    """All-gather ``mine`` over ``group``; whether any rank's row differs (the same answer on every
+    rank)."""
     device = _collective_device(group)
     row = torch.tensor(mine, dtype=torch.int64, device=device)
-    rows = torch.empty(group_size(group) * len(mine), dtype=torch.int64, device=device)  # rank r: [3r, 3r + 3)
+    # rank r: [3r, 3r + 3)
+    rows = torch.empty(group_size(group) * len(mine), dtype=torch.int64, device=device)
     _all_gather_single(rows, row, group=group)
     return bool((rows.view(-1, len(mine)) != row).any().item())
 
 
 def _collective_device(group: Group) -> torch.device:
-    """Where the group's collectives take their tensors: the current CUDA device for NCCL, else the CPU."""
+    """Where the group's collectives take their tensors: the current CUDA device for NCCL, else the
+    CPU."""
     if "nccl" in str(dist.get_backend(group)).lower():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Argument checks of this module
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def check_ranks_agree(summaries: Sequence[tuple[str, dict, Optional[str]]]) -> None:
-    """Every rank of the group made the same call: ``(call, fields, error or None)`` per rank, gathered.
+    """Every rank of the group made the same call: ``(call, fields, error or None)`` per rank,
+    gathered.
 
     Names the first thing that differs: the entry point, a field (in the call's order), or the error
-    the ranks' own checks raised. Every rank holds the same list, so every rank raises the same error.
+    the ranks' own checks raised. Every rank holds the same list, so every rank raises the same
+    error.
     """
     calls, fields, outcomes = zip(*summaries)
     names = list(fields[0]) if len(set(calls)) == 1 else []
@@ -125,6 +137,8 @@ def check_ranks_agree(summaries: Sequence[tuple[str, dict, Optional[str]]]) -> N
         if any(value != values[0] for value in values):
             per_rank = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
             raise ValueError(
-                f"the ranks of the sequence-parallel group disagree on {what} ({per_rank}); every rank must "
-                "make the same call (same dtypes, shapes, heads, replicated counts and group layout)"
+                f"the ranks of the sequence-parallel group disagree on {what} ({per_rank}); every "
+                "rank must "
+                "make the same call (same dtypes, shapes, heads, replicated counts and group "
+                "layout)"
             )

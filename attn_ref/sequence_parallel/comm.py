@@ -28,18 +28,19 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ..error_notes import catalogued
-
 from .checks import check_heads_split, check_local_seq_len, check_seq_lens, check_seq_lens_values
 
 
 class _SelfGroup:
-    """The group of this rank alone (MPI's ``COMM_SELF``): every collective over it is the identity."""
+    """The group of this rank alone (MPI's ``COMM_SELF``): every collective over it is the
+    identity."""
 
     def __repr__(self) -> str:
         return "SELF_GROUP"
 
 
-#: This rank alone: what :class:`SequenceParallelGroups` holds for a Ulysses or ring group of one rank.
+#: This rank alone: what :class:`SequenceParallelGroups` holds for a Ulysses or ring group of one
+#: rank.
 SELF_GROUP = _SelfGroup()
 
 #: A process group, None (the default group) or :data:`SELF_GROUP`.
@@ -47,7 +48,8 @@ Group = Union[dist.ProcessGroup, None, _SelfGroup]
 
 
 def group_size(group: Group) -> int:
-    """Number of ranks in ``group``: the world for None, 1 for :data:`SELF_GROUP` or without torch.distributed."""
+    """Number of ranks in ``group``: the world for None, 1 for :data:`SELF_GROUP` or without
+    torch.distributed."""
     if group is SELF_GROUP or not dist.is_initialized():
         return 1
     return dist.get_world_size(group)
@@ -61,12 +63,13 @@ def group_rank(group: Group) -> int:
 
 
 def heads_of_rank(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """Heads ``[rank·h / P, (rank+1)·h / P)`` of ``x [b, S, h, d]``: the block an all-to-all gives ``rank``.
+    """Heads ``[rank·h / P, (rank+1)·h / P)`` of ``x [b, S, h, d]``: the block an all-to-all gives
+    ``rank``.
 
     For tokens every rank already holds (replicated), no collective is needed to get them.
     """
     per_rank = x.shape[2] // world
-    return x[:, :, rank * per_rank:(rank + 1) * per_rank]
+    return x[:, :, rank * per_rank : (rank + 1) * per_rank]
 
 
 @catalogued
@@ -112,10 +115,18 @@ class _AllToAll4D(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         scatter_dim, gather_dim = ctx.dims
-        return _exchange_4d(grad.contiguous(), gather_dim, scatter_dim, ctx.group, ctx.seq_lens), None, None, None, None
+        return (
+            _exchange_4d(grad.contiguous(), gather_dim, scatter_dim, ctx.group, ctx.seq_lens),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def _exchange_4d(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: Group, seq_lens) -> torch.Tensor:
+def _exchange_4d(
+    x: torch.Tensor, scatter_dim: int, gather_dim: int, group: Group, seq_lens
+) -> torch.Tensor:
     """The data movement of :func:`all_to_all_4d` (``P > 1`` ranks, arguments already checked)."""
     world, rank = group_size(group), group_rank(group)
     b, s, h, d = x.shape
@@ -124,22 +135,31 @@ def _exchange_4d(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: Grou
         hp = h // world
         # [b, S / P, h, d] -> [P, S / P, b, h / P, d]: the block for rank j is contiguous.
         send = x.reshape(b, s, world, hp, d).permute(2, 1, 0, 3, 4).contiguous()
-        recv = torch.empty(sum(lens), b, hp, d, dtype=x.dtype, device=x.device)  # rank blocks in order
+        # rank blocks in order
+        recv = torch.empty(sum(lens), b, hp, d, dtype=x.dtype, device=x.device)
         dist.all_to_all_single(
-            recv, send.reshape(world * s, b, hp, d),
-            output_split_sizes=lens, input_split_sizes=[s] * world, group=group,
+            recv,
+            send.reshape(world * s, b, hp, d),
+            output_split_sizes=lens,
+            input_split_sizes=[s] * world,
+            group=group,
         )
         return recv.permute(1, 0, 2, 3)  # [S, b, h / P, d] -> [b, S, h / P, d]
     s_local = seq_lens[rank] if seq_lens is not None else s // world
     lens = list(seq_lens) if seq_lens is not None else [s_local] * world
     # [b, S, h / P, d] -> [S, b, h / P, d]: the rows for rank j are contiguous.
     send = x.permute(1, 0, 2, 3).contiguous()
-    recv = torch.empty(world, s_local, b, h, d, dtype=x.dtype, device=x.device)  # [P, S / P, b, h / P, d]
+    # [P, S / P, b, h / P, d]
+    recv = torch.empty(world, s_local, b, h, d, dtype=x.dtype, device=x.device)
     dist.all_to_all_single(
-        recv.view(world * s_local, b, h, d), send,
-        output_split_sizes=[s_local] * world, input_split_sizes=lens, group=group,
+        recv.view(world * s_local, b, h, d),
+        send,
+        output_split_sizes=[s_local] * world,
+        input_split_sizes=lens,
+        group=group,
     )
-    # [P, S / P, b, h / P, d] -> [b, S / P, P, h / P, d] -> [b, S / P, h, d]: head block i came from rank i.
+    # [P, S / P, b, h / P, d] -> [b, S / P, P, h / P, d] -> [b, S / P, h, d]: head block i came from
+    # rank i.
     return recv.permute(2, 1, 0, 3, 4).reshape(b, s_local, world * h, d)
 
 
@@ -152,15 +172,18 @@ def all_to_all_4d_packed(
 ) -> list[torch.Tensor]:
     """:func:`all_to_all_4d` of several tensors, those of equal shape and dtype in one collective.
 
-    Tensors of the same shape and dtype (q, k, v without GQA; k and v with it) are concatenated along
-    the batch dim, exchanged once and split again; the all-to-all treats batch rows independently.
+    Tensors of the same shape and dtype (q, k, v without GQA; k and v with it) are concatenated
+    along the batch dim, exchanged once and split again; the all-to-all treats batch rows
+    independently.
     """
     results: list[Optional[torch.Tensor]] = [None] * len(tensors)
     packs: dict[tuple, list[int]] = {}
     for i, x in enumerate(tensors):
         packs.setdefault((tuple(x.shape), x.dtype), []).append(i)
     for indices in packs.values():
-        packed = torch.cat([tensors[i] for i in indices]) if len(indices) > 1 else tensors[indices[0]]
+        packed = (
+            torch.cat([tensors[i] for i in indices]) if len(indices) > 1 else tensors[indices[0]]
+        )
         exchanged = all_to_all_4d(packed, scatter_dim, gather_dim, group, seq_lens)
         for i, part in zip(indices, exchanged.chunk(len(indices))):
             results[i] = part
@@ -203,7 +226,8 @@ class _AllGather(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         world = group_size(ctx.group)
-        send = torch.stack(grad.chunk(world, dim=ctx.dim)).contiguous()  # [P, ...]: block j goes to rank j
+        # [P, ...]: block j goes to rank j
+        send = torch.stack(grad.chunk(world, dim=ctx.dim)).contiguous()
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=ctx.group)
         return recv.sum(0), None, None
@@ -246,13 +270,17 @@ class RingExchange:
         self._requests = []
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Argument checks of this module
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def check_all_to_all_4d(
-    x: torch.Tensor, scatter_dim: int, gather_dim: int, world_size: int, rank: int,
+    x: torch.Tensor,
+    scatter_dim: int,
+    gather_dim: int,
+    world_size: int,
+    rank: int,
     seq_lens: Optional[Sequence[int]],
 ) -> None:
     """Upstream's ``AllToAll4D`` asserts (plus the varlen ones of ``usp.py``), in upstream order."""
@@ -260,7 +288,8 @@ def check_all_to_all_4d(
         raise ValueError(f"input must be 4D tensor, got {x.dim()} and shape {x.shape}")
     if (scatter_dim, gather_dim) not in ((2, 1), (1, 2)):
         raise ValueError(
-            f"Invalid scatter_dim={scatter_dim}, gather_dim={gather_dim}. Only (scatter_dim=2, gather_dim=1) "
+            f"Invalid scatter_dim={scatter_dim}, gather_dim={gather_dim}. Only (scatter_dim=2, "
+            "gather_dim=1) "
             "and (scatter_dim=1, gather_dim=2) are supported."
         )
     if seq_lens is not None:
@@ -276,7 +305,8 @@ def check_all_to_all_4d(
             check_seq_lens_values(seq_lens)
         if seq_lens is None and seqlen % world_size:
             raise ValueError(
-                f"sequence dimension ({seqlen}) must be divisible by sequence parallel world size ({world_size})"
+                f"sequence dimension ({seqlen}) must be divisible by sequence parallel world size "
+                f"({world_size})"
             )
         if seq_lens is not None and seqlen != sum(seq_lens):
             raise ValueError(f"s_global ({seqlen}) must equal sum(seq_lens) ({sum(seq_lens)})")

@@ -7,7 +7,8 @@
 * **Ulysses groups** are contiguous: ``{g·U, ..., g·U + U - 1}`` for ``g = 0..R-1``. The all-to-all
   needs full bisection bandwidth, so it stays inside a node.
 * **Ring groups** are strided: ``{u, u + U, ..., u + (R-1)·U}`` for ``u = 0..U-1``. Ring peers hold
-  the same heads (Ulysses slot ``u``) of different sequence blocks, which is what the ring merge needs.
+  the same heads (Ulysses slot ``u``) of different sequence blocks, which is what the ring merge
+  needs.
 
 Example, U=2, R=2, SP ranks [0, 1, 2, 3]: Ulysses {0,1}, {2,3}; ring {0,2}, {1,3}.
 SP rank ``p`` has Ulysses rank ``p % U`` and ring rank ``p // U``.
@@ -30,7 +31,6 @@ from typing import Optional
 import torch.distributed as dist
 
 from ..error_notes import catalogued
-
 from .checks import check_positive_int
 from .comm import SELF_GROUP, Group, group_size
 
@@ -43,12 +43,12 @@ class SequenceParallelGroups:
     """This rank's SP layout.
 
     Attributes:
-        sp_group: all ``U x R`` ranks (K/V gather, UlyssesAttention), or :data:`SELF_GROUP` for one rank.
-        ulysses_group: this rank's Ulysses group (USP all-to-alls), or :data:`SELF_GROUP` when ``U == 1``.
-        ring_group: this rank's ring group (ring exchange), or :data:`SELF_GROUP` when ``R == 1``.
-        ulysses_degree: ``U``, the ranks of a Ulysses group.
-        ring_degree: ``R``, the ranks of a ring group.
-        sp_rank: this rank's index in its SP group, ``ring_rank x U + ulysses_rank``.
+        sp_group: all ``U x R`` ranks (K/V gather, UlyssesAttention), or :data:`SELF_GROUP` for one
+        rank. ulysses_group: this rank's Ulysses group (USP all-to-alls), or :data:`SELF_GROUP` when
+        ``U == 1``. ring_group: this rank's ring group (ring exchange), or :data:`SELF_GROUP` when
+        ``R == 1``. ulysses_degree: ``U``, the ranks of a Ulysses group. ring_degree: ``R``, the
+        ranks of a ring group. sp_rank: this rank's index in its SP group, ``ring_rank x U +
+        ulysses_rank``.
     """
 
     sp_group: Group
@@ -88,7 +88,9 @@ class SequenceParallelGroups:
 
 
 @catalogued
-def init_sequence_parallel_groups(ulysses_degree: Optional[int] = None, ring_degree: int = 1) -> SequenceParallelGroups:
+def init_sequence_parallel_groups(
+    ulysses_degree: Optional[int] = None, ring_degree: int = 1
+) -> SequenceParallelGroups:
     """Create the SP, Ulysses and ring groups of the whole world; returns this rank's.
 
     Collective: every rank of the default group must call it, with the same arguments (each
@@ -112,7 +114,9 @@ def init_sequence_parallel_groups(ulysses_degree: Optional[int] = None, ring_deg
         sp_ranks = list(range(first, first + sp_size))
         layouts = {
             "sp": [sp_ranks],
-            "ulysses": [sp_ranks[g * ulysses_degree:(g + 1) * ulysses_degree] for g in range(ring_degree)],
+            "ulysses": [
+                sp_ranks[g * ulysses_degree : (g + 1) * ulysses_degree] for g in range(ring_degree)
+            ],
             "ring": [sp_ranks[u::ulysses_degree] for u in range(ulysses_degree)],
         }
         for kind, rank_lists in layouts.items():
@@ -128,14 +132,20 @@ def init_sequence_parallel_groups(ulysses_degree: Optional[int] = None, ring_deg
 
 
 def layout_of(groups: SequenceParallelGroups) -> tuple:
-    """What the ranks of one SP group must agree on about their layout: ``(U, R, SP group ranks)``."""
+    """What the ranks of one SP group must agree on about their layout: ``(U, R, SP group
+    ranks)``."""
     group = groups.sp_group
-    ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD)) if group_size(group) > 1 else ()
+    ranks = (
+        tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+        if group_size(group) > 1
+        else ()
+    )
     return (groups.ulysses_degree, groups.ring_degree, ranks)
 
 
 def _group_of(ranks: list[int]) -> dist.ProcessGroup:
-    """The process group of ``ranks``, created on first use (collective: every rank calls it in turn).
+    """The process group of ``ranks``, created on first use (collective: every rank calls it in
+    turn).
 
     All the ranks are the default group itself, as :meth:`SequenceParallelGroups.from_world` uses.
     """
@@ -143,26 +153,32 @@ def _group_of(ranks: list[int]) -> dist.ProcessGroup:
     if len(ranks) == dist.get_world_size():
         return world
     created = _CREATED.get(tuple(ranks))
-    if created is None or created[0] is not world:  # none yet, or made under an earlier init_process_group
+    # none yet, or made under an earlier init_process_group
+    if created is None or created[0] is not world:
         created = (world, dist.new_group(ranks))
         _CREATED[tuple(ranks)] = created
     return created[1]
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Argument checks of this module
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
-def check_sp_degrees(ulysses_degree: int, ring_degree: int, world_size: int, initialized: bool) -> None:
-    """``ulysses_degree x ring_degree`` ranks form one SP group; the world is a whole number of them."""
+def check_sp_degrees(
+    ulysses_degree: int, ring_degree: int, world_size: int, initialized: bool
+) -> None:
+    """``ulysses_degree x ring_degree`` ranks form one SP group; the world is a whole number of
+    them."""
     check_positive_int("ulysses_degree", ulysses_degree)
     check_positive_int("ring_degree", ring_degree)
     sp_size = ulysses_degree * ring_degree
     if sp_size > 1 and not initialized:
         raise ValueError(
-            f"ulysses_degree x ring_degree = {ulysses_degree} x {ring_degree} needs torch.distributed to be "
-            "initialized (torch.distributed.init_process_group, or attn_ref.sequence_parallel.launch), "
+            f"ulysses_degree x ring_degree = {ulysses_degree} x {ring_degree} needs "
+            "torch.distributed to be "
+            "initialized (torch.distributed.init_process_group, or "
+            "attn_ref.sequence_parallel.launch), "
             "but it is not"
         )
     if world_size % sp_size:

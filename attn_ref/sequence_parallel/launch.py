@@ -14,11 +14,13 @@ cell's closure), and its result must be picklable (tensors are fine).
 **Across machines** use ``torchrun``, which starts one process per GPU and sets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``. On every node::
 
-    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=node0:29500 my_script.py
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=node0:29500
+    my_script.py
 
 and in ``my_script.py``::
 
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))   # before any NCCL call (else P2P can hang)
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))   # before any NCCL call (else P2P can
+    hang)
     torch.distributed.init_process_group("nccl")            # reads the variables above
     groups = init_sequence_parallel_groups(ulysses_degree=8, ring_degree=2)  # Ulysses inside a node
     attn = USPAttention(num_heads, head_size, causal=True, groups=groups, zigzag=True)
@@ -43,7 +45,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..error_notes import catalogued
-
 from .checks import check_positive_int
 
 #: After the first rank fails, how long to wait for the other ranks' reports before killing them.
@@ -51,13 +52,16 @@ FAILURE_GRACE_S = 5.0
 #: How long a rank's report may take to arrive after it exits, and a finished rank to exit.
 EXIT_FLUSH_S = 2.0
 
-#: The longest run :func:`~attn_ref.sequence_parallel.launch` accepts (about 116 days; ``inf`` is refused).
+#: The longest run :func:`~attn_ref.sequence_parallel.launch` accepts (about 116 days; ``inf`` is
+#: refused).
 MAX_TIMEOUT_S = 10_000_000
 
 
 def default_backend(world_size: int) -> str:
-    """"nccl" when every rank can have its own CUDA device, else "gloo"."""
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    """ "nccl" when every rank can have its own CUDA device, else "gloo"."""
+    return (
+        "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    )
 
 
 @catalogued
@@ -87,7 +91,8 @@ def launch(
         init_method = "file://" + os.path.join(store_dir, "store")
         procs = [
             ctx.Process(
-                target=_run_rank, args=(fn, tuple(args), rank, world_size, backend, init_method, timeout_s, reports),
+                target=_run_rank,
+                args=(fn, tuple(args), rank, world_size, backend, init_method, timeout_s, reports),
                 daemon=True,
             )
             for rank in range(world_size)
@@ -98,15 +103,19 @@ def launch(
             outcomes = _collect(reports, procs, timeout_s)
         finally:
             _stop(procs)
-    failures = {rank: payload for rank, (ok, payload) in outcomes.items() if not ok}  # in order of arrival
+    # in order of arrival
+    failures = {rank: payload for rank, (ok, payload) in outcomes.items() if not ok}
     if failures:
-        # The first failure is the cause; later ones are usually its echo (a peer closed the connection).
+        # The first failure is the cause; later ones are usually its echo (a peer closed the
+        # connection).
         first_rank, (pickled, _) = next(iter(failures.items()))
         error = _as_rank_failure(pickle.loads(pickled), first_rank, world_size)
         for rank, (_, trace) in failures.items():
             error.add_note(f"--- rank {rank} of {world_size} ---\n{trace}")
         raise error
-    return [torch.load(io.BytesIO(outcomes[rank][1]), weights_only=False) for rank in range(world_size)]
+    return [
+        torch.load(io.BytesIO(outcomes[rank][1]), weights_only=False) for rank in range(world_size)
+    ]
 
 
 def _run_rank(fn, args, rank, world_size, backend, init_method, timeout_s, reports) -> None:
@@ -116,7 +125,11 @@ def _run_rank(fn, args, rank, world_size, backend, init_method, timeout_s, repor
     else:  # CPU ranks share the machine's cores instead of each spawning one thread per core
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     dist.init_process_group(
-        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
     )
     try:
         result = fn(*args)
@@ -156,7 +169,9 @@ def _collect(reports, procs, timeout_s: float) -> dict[int, tuple[bool, Any]]:
             if any(not ok for ok, _ in outcomes.values()):
                 return outcomes  # the other ranks are stuck waiting for the failed one
             missing = sorted(set(range(len(procs))) - set(outcomes))
-            raise TimeoutError(f"ranks {missing} of {len(procs)} did not finish within timeout_s={timeout_s} s")
+            raise TimeoutError(
+                f"ranks {missing} of {len(procs)} did not finish within timeout_s={timeout_s} s"
+            )
         try:
             rank, ok, payload = reports.get(timeout=min(remaining, 0.5))
         except queue.Empty:
@@ -165,7 +180,8 @@ def _collect(reports, procs, timeout_s: float) -> dict[int, tuple[bool, Any]]:
                 if reports.empty():
                     rank = _exited_silently(procs, outcomes)[0]
                     raise ChildProcessError(
-                        f"rank {rank} exited with code {procs[rank].exitcode} without reporting a result"
+                        f"rank {rank} exited with code {procs[rank].exitcode} without reporting a "
+                        "result"
                     ) from None
             continue
         outcomes[rank] = (ok, payload)
@@ -190,13 +206,14 @@ def _stop(procs) -> None:
             p.join()
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Argument checks of this module
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def check_launch_args(world_size: object, backend: Optional[str], timeout_s: object) -> None:
-    """``world_size`` ranks of ``backend``: "gloo", "nccl" (one CUDA device per rank) or None (the default)."""
+    """``world_size`` ranks of ``backend``: "gloo", "nccl" (one CUDA device per rank) or None (the
+    default)."""
     check_positive_int("world_size", world_size)
     if backend is not None and backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
@@ -209,5 +226,6 @@ def check_launch_args(world_size: object, backend: Optional[str], timeout_s: obj
         raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
     if timeout_s > MAX_TIMEOUT_S:
         raise ValueError(
-            f"timeout_s must be at most {MAX_TIMEOUT_S} seconds (the launcher needs a finite limit), got {timeout_s!r}"
+            f"timeout_s must be at most {MAX_TIMEOUT_S} seconds (the launcher needs a finite "
+            f"limit), got {timeout_s!r}"
         )

@@ -20,7 +20,6 @@ from typing import Sequence
 import torch
 
 from ..error_notes import catalogued
-
 from .checks import check_positive_int
 
 
@@ -42,7 +41,12 @@ def shard_positions(
 
 
 def shard_sequence(
-    x: torch.Tensor, sp_rank: int, ulysses_degree: int = 1, ring_degree: int = 1, zigzag: bool = False, dim: int = 1
+    x: torch.Tensor,
+    sp_rank: int,
+    ulysses_degree: int = 1,
+    ring_degree: int = 1,
+    zigzag: bool = False,
+    dim: int = 1,
 ) -> torch.Tensor:
     """SP rank ``sp_rank``'s part of the full sequence ``x`` (sequence along ``dim``)."""
     positions = shard_positions(x.shape[dim], sp_rank, ulysses_degree, ring_degree, zigzag)
@@ -50,24 +54,35 @@ def shard_sequence(
 
 
 def unshard_sequence(
-    shards: Sequence[torch.Tensor], ulysses_degree: int = 1, ring_degree: int = 1, zigzag: bool = False, dim: int = 1
+    shards: Sequence[torch.Tensor],
+    ulysses_degree: int = 1,
+    ring_degree: int = 1,
+    zigzag: bool = False,
+    dim: int = 1,
 ) -> torch.Tensor:
-    """Inverse of :func:`shard_sequence`: the full sequence from the shards of SP ranks ``0..P-1``."""
+    """Inverse of :func:`shard_sequence`: the full sequence from the shards of SP ranks
+    ``0..P-1``."""
     stacked = torch.cat(list(shards), dim=dim)
     seq_len = stacked.shape[dim]
-    positions = torch.cat([
-        shard_positions(seq_len, p, ulysses_degree, ring_degree, zigzag) for p in range(len(shards))
-    ])
+    positions = torch.cat(
+        [
+            shard_positions(seq_len, p, ulysses_degree, ring_degree, zigzag)
+            for p in range(len(shards))
+        ]
+    )
     return stacked.index_select(dim, torch.argsort(positions).to(stacked.device))
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Argument checks of this module
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
-def check_shard_args(seq_len: int, sp_rank: int, ulysses_degree: int, ring_degree: int, zigzag: bool) -> None:
-    """The rank exists and the sequence splits into equal shards (two chunks per ring rank for zigzag)."""
+def check_shard_args(
+    seq_len: int, sp_rank: int, ulysses_degree: int, ring_degree: int, zigzag: bool
+) -> None:
+    """The rank exists and the sequence splits into equal shards (two chunks per ring rank for
+    zigzag)."""
     check_positive_int("ulysses_degree", ulysses_degree)
     check_positive_int("ring_degree", ring_degree)
     world = ulysses_degree * ring_degree

@@ -10,10 +10,11 @@ replicated q/k/v and gets the same replicated output. The gradients are defined 
 Inside the schemes the replicated rows are computed redundantly (every ring rank repeats the
 replicated queries of its heads; K/V gather repeats them on every rank), so summing what each rank
 computes would count the replicated rows ``P`` times (the backward analogue of the forward
-double-count sglang fixed in PR #33327). Two identity maps with chosen adjoints make the count exact:
+double-count sglang fixed in PR #33327). Two identity maps with chosen adjoints make the count
+exact:
 
-* :func:`replicated_output` on the replicated output: the gradient is kept on rank 0 of the group and
-  is zero on the others, so the redundant copies contribute once;
+* :func:`replicated_output` on the replicated output: the gradient is kept on rank 0 of the group
+  and is zero on the others, so the redundant copies contribute once;
 * :func:`replicated_input` on a replicated input: the gradient is the **sum** over the group
   (all-reduce), so the contributions of every rank (its sharded queries attending the replicated
   keys, rank 0's replicated rows, each rank's head slice) reach every rank.
@@ -39,7 +40,8 @@ def replicated_output(x: torch.Tensor, group: Group) -> torch.Tensor:
 
 
 class _SumGradient(torch.autograd.Function):
-    """Identity; backward: all-reduce (sum) of the gradient over the group, contiguous first (gloo)."""
+    """Identity; backward: all-reduce (sum) of the gradient over the group, contiguous first
+    (gloo)."""
 
     @staticmethod
     def forward(ctx, x, group: Group):

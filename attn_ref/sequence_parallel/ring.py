@@ -7,7 +7,8 @@ Each of the ``R`` ranks of a ring holds one block of queries and the matching bl
 running state with ⊕ (see :mod:`attn_ref.merge`)::
 
     lse = logaddexp(lse_acc, lse_blk)
-    out = e^{lse_acc - lse} out_acc + e^{lse_blk - lse} out_blk        (fp32, stable: -inf rows stay 0)
+    out = e^{lse_acc - lse} out_acc + e^{lse_blk - lse} out_blk        (fp32, stable: -inf rows stay
+    0)
 
 ⊕ is associative and commutative, so after ``R`` steps every query has seen every key exactly once
 and the state equals single-device attention over the whole sequence.
@@ -18,8 +19,9 @@ and the state equals single-device attention over the whole sequence.
 after ``a`` is skipped. With contiguous blocks (chunk = rank) rank ``r`` computes ``r + 1`` of the
 ``R`` steps, so the last rank does ``R`` times the work of the first. **Zigzag** balances it: rank
 ``r`` holds chunks ``r`` and ``2R-1-r`` of ``2R``, and every step then costs the same half block
-(see :mod:`.layout`). Replicated (text) tokens are chunks at position ``-inf`` (a prefix) or ``+inf``
-(a suffix) that every rank holds, attended once and never rotated, so each is counted exactly once.
+(see :mod:`.layout`). Replicated (text) tokens are chunks at position ``-inf`` (a prefix) or
+``+inf`` (a suffix) that every rank holds, attended once and never rotated, so each is counted
+exactly once.
 
 **Backward.** :func:`ring_attention_states` is an autograd Function whose backward is the ring again
 (:func:`_ring_backward`): the K/V blocks travel in the same order, and each block's ``dK``/``dV``
@@ -37,9 +39,8 @@ from torch.autograd.function import once_differentiable
 
 from ..error_notes import catalogued
 from ..masks import AttentionMask
-
-from .backend import REFERENCE_BACKEND, AttentionBackend
 from .agreement import describe, run_checks_on_every_rank
+from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import check_4d, check_attention_inputs, check_tensors, check_zigzag_rows
 from .comm import Group, RingExchange, group_rank, group_size
 
@@ -70,8 +71,11 @@ class _Block:
         return AttentionMask(causal=self.causal)
 
 
-def block_chunks(ring_rank: int, ring_size: int, rows: int, zigzag: bool, offset: int = 0) -> tuple[Chunk, ...]:
-    """The chunks of ring rank ``ring_rank``'s block of ``rows`` rows, starting at local row ``offset``.
+def block_chunks(
+    ring_rank: int, ring_size: int, rows: int, zigzag: bool, offset: int = 0
+) -> tuple[Chunk, ...]:
+    """The chunks of ring rank ``ring_rank``'s block of ``rows`` rows, starting at local row
+    ``offset``.
 
     Contiguous: one chunk at position ``ring_rank``. Zigzag: chunks ``ring_rank`` and
     ``2·ring_size - 1 - ring_rank``, ``rows / 2`` rows each.
@@ -99,7 +103,8 @@ def ring_attention(
     """Attention of this rank's queries over the K/V of every rank of the ring ``group``.
 
     Args:
-        q: ``[b, S / P, h, d]`` this rank's block of queries; k ``[b, S / P, h_k, d]``, v ``[b, S / P, h_k, d_v]``
+        q: ``[b, S / P, h, d]`` this rank's block of queries; k ``[b, S / P, h_k, d]``, v ``[b, S /
+        P, h_k, d_v]``
             the same tokens' keys and values (``h % h_k == 0``). Every rank passes the same shapes.
         group: the ring; None is the default group (the whole world), as in ``torch.distributed``;
             this rank alone without torch.distributed, or with :data:`~.comm.SELF_GROUP`.
@@ -110,11 +115,20 @@ def ring_attention(
         backend: local attention + merge (:data:`REFERENCE_BACKEND` or the kernels').
 
     Returns:
-        ``out [b, S / P, h, d_v]`` in q's dtype and ``lse [b, S / P, h]`` fp32 (natural log), equal to
-        single-device attention of these rows over the whole sequence.
+        ``out [b, S / P, h, d_v]`` in q's dtype and ``lse [b, S / P, h]`` fp32 (natural log), equal
+        to single-device attention of these rows over the whole sequence.
     """
-    fields = dict(q=describe(q), k=describe(k), v=describe(v), softmax_scale=softmax_scale, causal=causal, zigzag=zigzag)
-    run_checks_on_every_rank(group, "ring_attention", fields, lambda: check_ring_inputs(q, k, v, zigzag))
+    fields = dict(
+        q=describe(q),
+        k=describe(k),
+        v=describe(v),
+        softmax_scale=softmax_scale,
+        causal=causal,
+        zigzag=zigzag,
+    )
+    run_checks_on_every_rank(
+        group, "ring_attention", fields, lambda: check_ring_inputs(q, k, v, zigzag)
+    )
     return ring_attention_unchecked(q, k, v, group, softmax_scale, causal, zigzag, backend)
 
 
@@ -128,15 +142,28 @@ def check_ring_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, zigzag:
 
 
 def ring_attention_unchecked(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group, softmax_scale: Optional[float],
-    causal: bool, zigzag: bool, backend: AttentionBackend,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: Group,
+    softmax_scale: Optional[float],
+    causal: bool,
+    zigzag: bool,
+    backend: AttentionBackend,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`ring_attention` after its checks: ``(out in q's dtype, lse [b, S / P, h] fp32)``."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     size, rank, rows = group_size(group), group_rank(group), q.shape[1]
     out, lse = ring_attention_states(
-        q, k, v, block_chunks(rank, size, rows, zigzag), lambda src: block_chunks(src, size, rows, zigzag),
-        group=group, backend=backend, softmax_scale=scale, causal=causal,
+        q,
+        k,
+        v,
+        block_chunks(rank, size, rows, zigzag),
+        lambda src: block_chunks(src, size, rows, zigzag),
+        group=group,
+        backend=backend,
+        softmax_scale=scale,
+        causal=causal,
     )
     return out.to(q.dtype), lse
 
@@ -206,21 +233,26 @@ def _ring_forward(plan: _RingPlan, q, k, v, k_fixed, v_fixed) -> tuple[torch.Ten
     """The ring loop: fp32 ``(out [b, s_q, h, d_v], lse [b, s_q, h])``."""
     b, sq, h = q.shape[:3]
     out = torch.zeros(b, sq, h, v.shape[-1], dtype=torch.float32, device=q.device)
-    lse = torch.full((b, sq, h), float("-inf"), dtype=torch.float32, device=q.device)  # ⊕'s identity
+    # ⊕'s identity
+    lse = torch.full((b, sq, h), float("-inf"), dtype=torch.float32, device=q.device)
     backend = plan.backend
 
     def accumulate(k_blk: torch.Tensor, v_blk: torch.Tensor, k_chunks: Sequence[Chunk]) -> None:
         for blk in _blocks(plan.q_chunks, k_chunks, plan.causal):
             q_blk = q[:, blk.q_rows]
-            o, l = backend.attend_forward(q_blk, k_blk[:, blk.k_rows], v_blk[:, blk.k_rows], plan.softmax_scale, blk.mask)
-            out[:, blk.q_rows], lse[:, blk.q_rows] = backend.merge(out[:, blk.q_rows], lse[:, blk.q_rows], o, l)
+            o, l = backend.attend_forward(
+                q_blk, k_blk[:, blk.k_rows], v_blk[:, blk.k_rows], plan.softmax_scale, blk.mask
+            )
+            out[:, blk.q_rows], lse[:, blk.q_rows] = backend.merge(
+                out[:, blk.q_rows], lse[:, blk.q_rows], o, l
+            )
 
     size, rank = group_size(plan.group), group_rank(plan.group)
     exchange = RingExchange(plan.group) if size > 1 else None
     kv = torch.cat([k.reshape(-1), v.reshape(-1)])  # one message per step carries K and V
     for step in range(size):
         incoming = exchange.start(kv) if step < size - 1 else None  # overlaps the compute below
-        k_blk, v_blk = kv[:k.numel()].view(k.shape), kv[k.numel():].view(v.shape)
+        k_blk, v_blk = kv[: k.numel()].view(k.shape), kv[k.numel() :].view(v.shape)
         accumulate(k_blk, v_blk, plan.kv_chunks((rank - step) % size))
         if step == 0 and k_fixed is not None:
             accumulate(k_fixed, v_fixed, plan.fixed_chunks)
@@ -234,13 +266,14 @@ def _ring_backward(plan: _RingPlan, dout, dlse, q, k, v, k_fixed, v_fixed, out, 
     """The ring backward: ``(dq, dk, dv, dk_fixed, dv_fixed)`` in the inputs' dtypes.
 
     The K/V blocks travel the ring again, in the forward's order. At step ``t`` rank ``r`` holds
-    block ``s = (r - t) mod R`` together with that block's fp32 ``dK``/``dV`` accumulator; it adds the
-    block's contribution to its own ``dQ`` and its queries' contribution to the accumulator, then
-    passes the accumulator on with the block. Each block's gradient is exact on its own, because it
-    is computed with the rows' *final* ``out`` and ``lse`` (see :mod:`attn_ref.backward`). After
-    ``R`` steps (``R`` sends of the accumulator, one more than of the K/V) every accumulator is back
-    at the rank that owns its block. The replicated K/V (``fixed``) never move: their gradient is
-    this rank's queries' contribution (summed over ranks by :func:`~.replicated.replicated_input`).
+    block ``s = (r - t) mod R`` together with that block's fp32 ``dK``/``dV`` accumulator; it adds
+    the block's contribution to its own ``dQ`` and its queries' contribution to the accumulator,
+    then passes the accumulator on with the block. Each block's gradient is exact on its own,
+    because it is computed with the rows' *final* ``out`` and ``lse`` (see
+    :mod:`attn_ref.backward`). After ``R`` steps (``R`` sends of the accumulator, one more than of
+    the K/V) every accumulator is back at the rank that owns its block. The replicated K/V
+    (``fixed``) never move: their gradient is this rank's queries' contribution (summed over ranks
+    by :func:`~.replicated.replicated_input`).
     """
     backend = plan.backend
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -249,23 +282,42 @@ def _ring_backward(plan: _RingPlan, dout, dlse, q, k, v, k_fixed, v_fixed, out, 
         for blk in _blocks(plan.q_chunks, k_chunks, plan.causal):
             rows, keys = blk.q_rows, blk.k_rows
             dq_b, dk_b, dv_b = backend.attend_backward(
-                dout[:, rows], q[:, rows], k_blk[:, keys], v_blk[:, keys], out[:, rows], lse[:, rows],
-                plan.softmax_scale, blk.mask, dlse[:, rows],
+                dout[:, rows],
+                q[:, rows],
+                k_blk[:, keys],
+                v_blk[:, keys],
+                out[:, rows],
+                lse[:, rows],
+                plan.softmax_scale,
+                blk.mask,
+                dlse[:, rows],
             )
             dq[:, rows] += dq_b
             dk_blk[:, keys] += dk_b
             dv_blk[:, keys] += dv_b
 
     size, rank = group_size(plan.group), group_rank(plan.group)
-    kv_exchange, grad_exchange = (RingExchange(plan.group), RingExchange(plan.group)) if size > 1 else (None, None)
+    kv_exchange, grad_exchange = (
+        (RingExchange(plan.group), RingExchange(plan.group)) if size > 1 else (None, None)
+    )
     kv = torch.cat([k.reshape(-1), v.reshape(-1)])
-    dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)  # the travelling dK/dV accumulator
-    dk_fixed = None if k_fixed is None else torch.zeros(k_fixed.shape, dtype=torch.float32, device=q.device)
-    dv_fixed = None if v_fixed is None else torch.zeros(v_fixed.shape, dtype=torch.float32, device=q.device)
+    # the travelling dK/dV accumulator
+    dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+    dk_fixed = (
+        None
+        if k_fixed is None
+        else torch.zeros(k_fixed.shape, dtype=torch.float32, device=q.device)
+    )
+    dv_fixed = (
+        None
+        if v_fixed is None
+        else torch.zeros(v_fixed.shape, dtype=torch.float32, device=q.device)
+    )
     for step in range(size):
-        incoming = kv_exchange.start(kv) if step < size - 1 else None  # the next block, during the compute
-        k_blk, v_blk = kv[:k.numel()].view(k.shape), kv[k.numel():].view(v.shape)
-        dk_blk, dv_blk = dkv[:k.numel()].view(k.shape), dkv[k.numel():].view(v.shape)
+        # the next block, during the compute
+        incoming = kv_exchange.start(kv) if step < size - 1 else None
+        k_blk, v_blk = kv[: k.numel()].view(k.shape), kv[k.numel() :].view(v.shape)
+        dk_blk, dv_blk = dkv[: k.numel()].view(k.shape), dkv[k.numel() :].view(v.shape)
         accumulate(k_blk, v_blk, dk_blk, dv_blk, plan.kv_chunks((rank - step) % size))
         if step == 0 and k_fixed is not None:
             accumulate(k_fixed, v_fixed, dk_fixed, dv_fixed, plan.fixed_chunks)
@@ -276,9 +328,11 @@ def _ring_backward(plan: _RingPlan, dout, dlse, q, k, v, k_fixed, v_fixed, out, 
             arriving = grad_exchange.start(dkv)
             grad_exchange.wait()
             dkv = arriving
-    dk, dv = dkv[:k.numel()].view(k.shape), dkv[k.numel():].view(v.shape)
+    dk, dv = dkv[: k.numel()].view(k.shape), dkv[k.numel() :].view(v.shape)
     return (
-        dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+        dq.to(q.dtype),
+        dk.to(k.dtype),
+        dv.to(v.dtype),
         None if dk_fixed is None else dk_fixed.to(k_fixed.dtype),
         None if dv_fixed is None else dv_fixed.to(v_fixed.dtype),
     )

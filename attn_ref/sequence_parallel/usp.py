@@ -3,9 +3,9 @@
 With the groups of :mod:`.groups` (Ulysses contiguous, ring strided) and the token layout of
 :mod:`.layout`, SP rank ``(g, u)`` holds part ``u`` of ring block ``g``. One call:
 
-1. **All-to-all in** over the Ulysses group: ``[b, S / P, h, d] -> [b, S / R, h / U, d]``. Member ``u``
-   now holds the whole ring block ``g`` for heads ``[u·h / U, (u+1)·h / U)``, and its ring peers
-   (same ``u``, other ``g``) hold the same heads of the other blocks: the ring's precondition.
+1. **All-to-all in** over the Ulysses group: ``[b, S / P, h, d] -> [b, S / R, h / U, d]``. Member
+   ``u`` now holds the whole ring block ``g`` for heads ``[u·h / U, (u+1)·h / U)``, and its ring
+   peers (same ``u``, other ``g``) hold the same heads of the other blocks: the ring's precondition.
 2. **Ring attention** over the ring group (``R > 1``, :mod:`.ring`, contiguous or zigzag blocks),
    or one local call (``R == 1``).
 3. **All-to-all out**: ``[b, S / R, h / U, d] -> [b, S / P, h, d]``.
@@ -40,7 +40,6 @@ import torch
 
 from ..error_notes import catalogued
 from ..masks import AttentionMask
-
 from .agreement import describe, run_checks_on_every_rank
 from .checks import (
     check_4d,
@@ -100,8 +99,16 @@ class USPAttention(SequenceParallelAttention):
         **extra_impl_args: object,
     ):
         super().__init__()
-        self._set_heads(num_heads, head_size, num_kv_heads, softmax_scale, causal, supported_attention_backends,
-                        prefix, extra_impl_args)
+        self._set_heads(
+            num_heads,
+            head_size,
+            num_kv_heads,
+            softmax_scale,
+            causal,
+            supported_attention_backends,
+            prefix,
+            extra_impl_args,
+        )
         check_no_dropout("dropout_rate", dropout_rate)
         self.dropout_p = dropout_rate
         self.skip_sequence_parallel = skip_sequence_parallel
@@ -125,7 +132,8 @@ class USPAttention(SequenceParallelAttention):
         """Attention of this rank's rows of q over the whole sequence.
 
         Args:
-            q: ``[b, S / P, h, d]``: this rank's shard of the queries, with the replicated rows (if any)
+            q: ``[b, S / P, h, d]``: this rank's shard of the queries, with the replicated rows (if
+            any)
                 at the start or the end.
             k: ``[b, S / P + num_replicated_kv_prefix, h_k, d]``: this rank's shard of the keys.
             v: ``[b, S / P + num_replicated_kv_prefix, h_k, d]``: this rank's shard of the values.
@@ -144,19 +152,35 @@ class USPAttention(SequenceParallelAttention):
             ``out [b, S / P, h, d]`` in q's dtype (and ``lse`` when asked).
         """
         counts = (num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
-        if self.skip_sequence_parallel or skip_sequence_parallel_override or self.groups.sp_size == 1:
-            # sglang's order: skip or a single rank is local attention, before the replicated counts are read
-            # (on one rank the replicated rows are ordinary rows of q, k, v; the result is the same).
+        if (
+            self.skip_sequence_parallel
+            or skip_sequence_parallel_override
+            or self.groups.sp_size == 1
+        ):
+            # sglang's order: skip or a single rank is local attention, before the replicated counts
+            # are read (on one rank the replicated rows are ordinary rows of q, k, v; the result is
+            # the same).
             self._check_local_call(q, k, v, attn_mask)
             return self._local(q, k, v, return_softmax_lse)
         fields = dict(
-            causal=self.causal, zigzag=self.zigzag, softmax_scale=self.softmax_scale,
-            heads=(self.num_heads, self.num_kv_heads, self.head_size), layout=_layout(self.groups),
-            q=describe(q), k=describe(k), v=describe(v), attn_mask=describe(attn_mask),
-            counts=tuple(describe(n) for n in counts), return_softmax_lse=return_softmax_lse,
+            causal=self.causal,
+            zigzag=self.zigzag,
+            softmax_scale=self.softmax_scale,
+            heads=(self.num_heads, self.num_kv_heads, self.head_size),
+            layout=_layout(self.groups),
+            q=describe(q),
+            k=describe(k),
+            v=describe(v),
+            attn_mask=describe(attn_mask),
+            counts=tuple(describe(n) for n in counts),
+            return_softmax_lse=return_softmax_lse,
         )
         run_checks_on_every_rank(
-            self.groups.sp_group, "USPAttention.forward", fields, lambda: self._check_call(q, k, v, attn_mask, *counts))
+            self.groups.sp_group,
+            "USPAttention.forward",
+            fields,
+            lambda: self._check_call(q, k, v, attn_mask, *counts),
+        )
 
         position = SUFFIX_POSITION if num_replicated_suffix else PREFIX_POSITION
         q_rep_rows = num_replicated_prefix + num_replicated_suffix
@@ -164,31 +188,54 @@ class USPAttention(SequenceParallelAttention):
         (k_rep, k_shard), (v_rep, v_shard) = (
             _split_replicated(x, q_rep_rows + num_replicated_kv_prefix, position) for x in (k, v)
         )
-        group, u_rank, u_degree = self.groups.ulysses_group, self.groups.ulysses_rank, self.groups.ulysses_degree
+        group, u_rank, u_degree = (
+            self.groups.ulysses_group,
+            self.groups.ulysses_rank,
+            self.groups.ulysses_degree,
+        )
         # [b, S / P, h, d] -> [b, S / R, h / U, d]: the ring block, this rank's heads.
         q_shard, k_shard, v_shard = all_to_all_4d_packed([q_shard, k_shard, v_shard], 2, 1, group)
         sp_group = self.groups.sp_group  # replicated inputs: the gradient sums every rank's share
-        q_rep, k_rep, v_rep = (heads_of_rank(replicated_input(x, sp_group), u_rank, u_degree) for x in (q_rep, k_rep, v_rep))
+        q_rep, k_rep, v_rep = (
+            heads_of_rank(replicated_input(x, sp_group), u_rank, u_degree)
+            for x in (q_rep, k_rep, v_rep)
+        )
 
         out, lse = self._attend(q_rep, q_shard, k_rep, k_shard, v_rep, v_shard, position)
         out = out.to(q.dtype)
         rep_rows, shard_rows = _replicated_rows(q_rep.shape[1], q_shard.shape[1], position)
-        # [b, S / R, h / U, d] -> [b, S / P, h, d], and the replicated rows' heads from the Ulysses group.
+        # [b, S / R, h / U, d] -> [b, S / P, h, d], and the replicated rows' heads from the Ulysses
+        # group.
         out = _heads_to_tokens(out, rep_rows, shard_rows, position, group, sp_group)
         if not return_softmax_lse:
             return out
-        return out, _heads_to_tokens(lse[..., None], rep_rows, shard_rows, position, group, sp_group)[..., 0]
+        return out, _heads_to_tokens(
+            lse[..., None], rep_rows, shard_rows, position, group, sp_group
+        )[..., 0]
 
-    def _check_call(self, q, k, v, attn_mask, num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix):
-        """sglang's order where it has the check (modes, then ``usp.py``'s heads assert), then this package's."""
+    def _check_call(
+        self,
+        q,
+        k,
+        v,
+        attn_mask,
+        num_replicated_prefix,
+        num_replicated_suffix,
+        num_replicated_kv_prefix,
+    ):
+        """sglang's order where it has the check (modes, then ``usp.py``'s heads assert), then this
+        package's."""
         check_tensors(q=q, k=k, v=v)
         check_4d(q=q, k=k, v=v)
         check_no_attn_mask(attn_mask)
-        check_replicated_modes(num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
+        check_replicated_modes(
+            num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix
+        )
         u_degree = self.groups.ulysses_degree
         if u_degree > 1:  # usp.py's all-to-all returns its input on one rank, before its asserts
             check_usp_heads_split(q.shape[2], u_degree)
-            check_usp_heads_split(k.shape[2], u_degree)  # k's all-to-all asserts the same on its heads
+            # k's all-to-all asserts the same on its heads
+            check_usp_heads_split(k.shape[2], u_degree)
         self._check_inputs(q, k, v, kv_extra_rows=num_replicated_kv_prefix)
         if num_replicated_prefix:
             check_replicated_fits("num_replicated_prefix", num_replicated_prefix, q.shape[1])
@@ -196,7 +243,9 @@ class USPAttention(SequenceParallelAttention):
             check_replicated_fits("num_replicated_suffix", num_replicated_suffix, q.shape[1])
         if self.zigzag:
             q_rep_rows = num_replicated_prefix + num_replicated_suffix
-            check_zigzag_rows(u_degree * (q.shape[1] - q_rep_rows), "ulysses_degree x sharded rows per rank")
+            check_zigzag_rows(
+                u_degree * (q.shape[1] - q_rep_rows), "ulysses_degree x sharded rows per rank"
+            )
 
     def _check_local_call(self, q, k, v, attn_mask):
         """Skip or one rank: q ``[b, S / P, h, d]`` over k, v ``[b, s_k, h_k, d]`` of any length."""
@@ -208,51 +257,82 @@ class USPAttention(SequenceParallelAttention):
 
     def _local(self, q, k, v, with_lse):
         """Local attention of q over k/v: no collective (bottom-right causal when ``causal``)."""
-        out, lse = self.backend.attend(q, k, v, self.softmax_scale, AttentionMask(causal=self.causal))
+        out, lse = self.backend.attend(
+            q, k, v, self.softmax_scale, AttentionMask(causal=self.causal)
+        )
         return (out, lse) if with_lse else out
 
     def _attend(self, q_rep, q_shard, k_rep, k_shard, v_rep, v_shard, position):
-        """State ``(out, lse)`` of ``[q_rep, q_shard]`` (in sequence order) over the whole sequence."""
+        """State ``(out, lse)`` of ``[q_rep, q_shard]`` (in sequence order) over the whole
+        sequence."""
         q = _join_replicated(q_rep, q_shard, position)
         if self.groups.ring_degree == 1:
             # One call: the K/V of the ring block and the replicated tokens, in sequence order.
-            k, v = _join_replicated(k_rep, k_shard, position), _join_replicated(v_rep, v_shard, position)
-            return self.backend.attend(q, k, v, self.softmax_scale, AttentionMask(causal=self.causal))
-        ring_size, ring_rank, rows = self.groups.ring_degree, self.groups.ring_rank, q_shard.shape[1]
+            k, v = (
+                _join_replicated(k_rep, k_shard, position),
+                _join_replicated(v_rep, v_shard, position),
+            )
+            return self.backend.attend(
+                q, k, v, self.softmax_scale, AttentionMask(causal=self.causal)
+            )
+        ring_size, ring_rank, rows = (
+            self.groups.ring_degree,
+            self.groups.ring_rank,
+            q_shard.shape[1],
+        )
         rep_rows, shard_rows = _replicated_rows(q_rep.shape[1], rows, position)
         q_chunks = block_chunks(ring_rank, ring_size, rows, self.zigzag, offset=shard_rows.start)
         if q_rep.shape[1]:
             q_chunks += (Chunk(rep_rows, position),)
-        fixed_kv = (k_rep, v_rep, (Chunk(slice(0, k_rep.shape[1]), position),)) if k_rep.shape[1] else None
+        fixed_kv = (
+            (k_rep, v_rep, (Chunk(slice(0, k_rep.shape[1]), position),)) if k_rep.shape[1] else None
+        )
         return ring_attention_states(
-            q, k_shard, v_shard, q_chunks, lambda src: block_chunks(src, ring_size, rows, self.zigzag),
-            group=self.groups.ring_group, backend=self.backend, softmax_scale=self.softmax_scale,
-            causal=self.causal, fixed_kv=fixed_kv,
+            q,
+            k_shard,
+            v_shard,
+            q_chunks,
+            lambda src: block_chunks(src, ring_size, rows, self.zigzag),
+            group=self.groups.ring_group,
+            backend=self.backend,
+            softmax_scale=self.softmax_scale,
+            causal=self.causal,
+            fixed_kv=fixed_kv,
         )
 
 
-def _heads_to_tokens(x, rep_rows: slice, shard_rows: slice, position: float, group, sp_group) -> torch.Tensor:
-    """``[b, rows, h / U, ...]`` of this rank's heads -> ``[b, S / P, h, ...]`` of this rank's tokens.
+def _heads_to_tokens(
+    x, rep_rows: slice, shard_rows: slice, position: float, group, sp_group
+) -> torch.Tensor:
+    """``[b, rows, h / U, ...]`` of this rank's heads -> ``[b, S / P, h, ...]`` of this rank's
+    tokens.
 
     Sharded rows take the inverse all-to-all; replicated rows (if any) all-gather their heads in the
-    Ulysses ``group`` and count once over the SP group in the backward (every ring rank computed them).
+    Ulysses ``group`` and count once over the SP group in the backward (every ring rank computed
+    them).
     """
     shard = all_to_all_4d(x[:, shard_rows].contiguous(), 1, 2, group)
     if rep_rows.stop == rep_rows.start:
         return shard
-    replicated = replicated_output(all_gather(x[:, rep_rows].contiguous(), dim=2, group=group), sp_group)
+    replicated = replicated_output(
+        all_gather(x[:, rep_rows].contiguous(), dim=2, group=group), sp_group
+    )
     return _join_replicated(replicated, shard, position)
 
 
-def _split_replicated(x: torch.Tensor, n: int, position: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(replicated rows, sharded rows)`` of ``x``: the first ``n`` rows (prefix) or the last (suffix)."""
+def _split_replicated(
+    x: torch.Tensor, n: int, position: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(replicated rows, sharded rows)`` of ``x``: the first ``n`` rows (prefix) or the last
+    (suffix)."""
     if position == PREFIX_POSITION:
         return x[:, :n], x[:, n:]
-    return x[:, x.shape[1] - n:], x[:, :x.shape[1] - n]
+    return x[:, x.shape[1] - n :], x[:, : x.shape[1] - n]
 
 
 def _replicated_rows(n_rep: int, n_shard: int, position: float) -> tuple[slice, slice]:
-    """Rows of the replicated and the sharded tokens in ``[rep, shard]`` (prefix) or ``[shard, rep]``."""
+    """Rows of the replicated and the sharded tokens in ``[rep, shard]`` (prefix) or ``[shard,
+    rep]``."""
     if position == PREFIX_POSITION:
         return slice(0, n_rep), slice(n_rep, n_rep + n_shard)
     return slice(n_shard, n_shard + n_rep), slice(0, n_shard)
@@ -264,16 +344,17 @@ def _join_replicated(rep: torch.Tensor, shard: torch.Tensor, position: float) ->
     return torch.cat(parts, dim=1)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Argument checks of this module
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def check_no_attn_mask(attn_mask: object) -> None:
     """Padding masks (sglang's masked USP path) are not implemented."""
     if attn_mask is not None:
         raise NotImplementedError(
-            "attn_mask is not supported by this USPAttention (no padding-mask path); pass attn_mask=None "
+            "attn_mask is not supported by this USPAttention (no padding-mask path); pass "
+            "attn_mask=None "
             "and shard sequences of equal length"
         )
 
@@ -285,7 +366,9 @@ def check_replicated_modes(
     check_count("num_replicated_prefix", num_replicated_prefix)
     check_count("num_replicated_suffix", num_replicated_suffix)
     check_count("num_replicated_kv_prefix", num_replicated_kv_prefix)
-    active = sum(int(n > 0) for n in (num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix))
+    active = sum(
+        int(n > 0) for n in (num_replicated_prefix, num_replicated_suffix, num_replicated_kv_prefix)
+    )
     if active > 1:
         raise ValueError("USPAttention supports at most one replicated-token mode per call.")
     return active
@@ -303,7 +386,8 @@ def check_replicated_fits(name: str, count: int, seq_len: int) -> None:
     """A replicated prefix/suffix of ``count`` rows leaves at least one sharded row in q."""
     if count >= seq_len:
         raise ValueError(
-            f"{name} ({count}) must be smaller than q's local sequence length ({seq_len}): the replicated "
+            f"{name} ({count}) must be smaller than q's local sequence length ({seq_len}): the "
+            "replicated "
             "tokens are part of q, and every rank needs at least one sharded token"
         )
 
@@ -311,4 +395,6 @@ def check_replicated_fits(name: str, count: int, seq_len: int) -> None:
 def check_kv_lengths(k: torch.Tensor, v: torch.Tensor) -> None:
     """Cross-attention K/V (any length, every rank holds them whole): k and v have the same rows."""
     if k.shape[1] != v.shape[1]:
-        raise ValueError(f"k and v must have the same sequence length (dim 1), got {k.shape[1]} and {v.shape[1]}")
+        raise ValueError(
+            f"k and v must have the same sequence length (dim 1), got {k.shape[1]} and {v.shape[1]}"
+        )

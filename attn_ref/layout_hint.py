@@ -25,10 +25,8 @@ def check_heads_first(q: torch.Tensor, k_cache: torch.Tensor, page_table) -> Non
             f"the number of key/value heads ({k_cache.shape[2]}) must divide the number of query "
             "heads "
             f"({q.shape[2]}); q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)} look like "
-            "(batch, "
-            "heads, seqlen, dim), the layout of transformers and scaled_dot_product_attention: "
-            "pass "
-            "q.transpose(1, 2), k_cache.transpose(1, 2) and v_cache.transpose(1, 2), the (batch, "
-            "seqlen, "
+            "(batch, heads, seqlen, dim), the layout of transformers and "
+            "scaled_dot_product_attention: pass q.transpose(1, 2), k_cache.transpose(1, 2) and "
+            "v_cache.transpose(1, 2), the (batch, seqlen, "
             f"heads, dim) views flash_attn_with_kvcache takes"
         )

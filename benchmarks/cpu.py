@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 import attn_ref
 
-from .memory import peak_extra_bytes
+from .memory import METHOD, peak_extra_bytes
 from .problems import KVCacheInputs, Problem, decode, dense_kv, make_inputs, prefill, sdpa_mask
 
 DTYPE = "float32"
@@ -39,9 +39,10 @@ DTYPE = "float32"
 SLOW_CALL_S = 2.0
 TIMING = (
     "median of 7 interleaved time.perf_counter calls (5 when the reference's warm-up call took "
-    "over "
-    f"{SLOW_CALL_S:g} s; quick mode: 3), after one warm-up call each"
+    f"over {SLOW_CALL_S:g} s; quick mode: 3), after one warm-up call each"
 )
+#: How the suite measures memory (benchmarks.run records it).
+MEMORY = METHOD
 #: Largest reference / baseline time ratio allowed, on every decode and prefill case.
 RATIO_TARGET = 2.0
 
@@ -80,8 +81,7 @@ def baselines(
     if not problem.ragged:
         call = (
             f"F.scaled_dot_product_attention(q, k, v, is_causal={problem.causal}, enable_gqa=True) "
-            " "
-            "# q (b, h, sq, d), K/V (b, h_k, sk, d) contiguous"
+            " # q (b, h, sq, d), K/V (b, h_k, sk, d) contiguous"
         )
         return {
             "sdpa": (
@@ -117,8 +117,8 @@ def baselines(
                 ]
             ).transpose(1, 2),
             f"torch.cat([F.scaled_dot_product_attention(q_i, k_i, v_i, is_causal={problem.causal}, "
-            "enable_gqa=True) "
-            "for q_i, k_i, v_i in per_sequence])  # K/V of each sequence's own length",
+            "enable_gqa=True) for q_i, k_i, v_i in per_sequence])  # K/V of each sequence's own "
+            "length",
             sum(t.nbytes for seq in per_sequence for t in seq),
         ),
     }

@@ -49,8 +49,8 @@ from .problems import Problem, decode, dense_kv, make_inputs, prefill
 WARMUP_MS, REP_MS = 25, 100
 TIMING = (
     "CUDA graph replay timed by triton.testing.do_bench(return_mode='median', warmup=25 ms, "
-    "rep=100 ms), "
-    "L2 zeroed before each replay; calls that cannot be captured: do_bench of the eager call"
+    "rep=100 ms), L2 zeroed before each replay; calls that cannot be captured: do_bench of the "
+    "eager call"
 )
 BASELINE = "sdpa_flash"
 DECODE_BANDWIDTH_TARGET = 70.0  # % of the measured copy bandwidth

@@ -186,8 +186,7 @@ def sdpa_flash_call(
         setup, leaves = (
             (
                 "flash backend refused enable_gqa: K/V with the KV heads repeated, the group sum "
-                "of "
-                "dk/dv timed with the backward"
+                "of dk/dv timed with the backward"
             ),
             (q, k, v),
         )

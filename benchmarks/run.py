@@ -42,8 +42,7 @@ def parse_args(argv):
         "--threads",
         type=int,
         help="torch CPU threads (default: torch's choice); on a "
-        "machine shared with other jobs, 1 avoids OpenMP threads waiting on "
-        "descheduled peers",
+        "machine shared with other jobs, 1 avoids OpenMP threads waiting on descheduled peers",
     )
     return parser.parse_args(argv)
 

@@ -39,8 +39,7 @@ MEASURES = {
     "problems (decode bandwidth, prefill FLOP/s, the combine kernel).",
     "cpu": "The PyTorch reference against `scaled_dot_product_attention` at its best on the same "
     "problems (K/V gathered before the timer, `enable_gqa=True`, no mask unless lengths are "
-    "ragged): "
-    "time ratio and peak memory.",
+    "ragged): time ratio and peak memory.",
 }
 
 

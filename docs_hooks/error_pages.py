@@ -180,8 +180,7 @@ def redirect_page(entry: dict, depth: int) -> str:
             "</head>",
             "<body>",
             f'<p>This error\'s page is <a href="{target}">{summary}</a> '
-            f"(<code>{entry['slug']}</code>, "
-            f"id <code>{entry['id']}</code>).</p>",
+            f"(<code>{entry['slug']}</code>, id <code>{entry['id']}</code>).</p>",
             "</body>",
             "</html>",
             "",
@@ -218,10 +217,9 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
             '!!! note "Raised only upstream"',
             "",
             _indent(
-                "attn-ref never raises this error: upstream does (the messages under "
-                "[Also raised upstream as](#also-raised-upstream-as)). The examples "
-                "check when upstream "
-                "raises it and run the same computation with attn-ref."
+                "attn-ref never raises this error: upstream does (the messages under [Also raised "
+                "upstream as](#also-raised-upstream-as)). The examples check when upstream raises "
+                "it and run the same computation with attn-ref."
             ),
             "",
         ]
@@ -373,14 +371,11 @@ def upstream_page(catalog: dict) -> str:
     lines = [
         "# Upstream errors",
         "",
-        "The errors users of sglang, FlashAttention, ring-flash-attention and yunchang meet, "
-        "read from "
-        "their sources (`python -m errors scan --upstream`) and kept in "
-        "`errors/upstream/*.json`. Each "
-        "links to the catalog entry for the same condition: the one attn-ref raises, or an "
-        "entry for a "
-        "condition only upstream has. Pasting any of them into the search box (or into "
-        "`python -m errors explain`) opens that entry.",
+        "The errors users of sglang, FlashAttention, ring-flash-attention and yunchang meet, read "
+        "from their sources (`python -m errors scan --upstream`) and kept in "
+        "`errors/upstream/*.json`. Each links to the catalog entry for the same condition: the "
+        "one attn-ref raises, or an entry for a condition only upstream has. Pasting any of them "
+        "into the search box (or into `python -m errors explain`) opens that entry.",
         "",
     ]
     for data in upstream.load_all():
@@ -428,26 +423,20 @@ def index_page(catalog: dict) -> str:
         "",
         catalog.get("scope", "").rstrip(),
         "",
-        "Every entry has a page with what the error means, when it happens, the raise statement in "
-        "the "
-        "source, solutions and runnable examples. Exceptions raised through the public API carry "
-        "the "
-        "entry's id, the command `python -m errors explain <id>` (works offline) and a link to its "
-        "page "
-        "as a note (`ATTN_REF_DOCS_URL` points the link at another build, empty drops it; "
-        "`ATTN_REF_ERROR_NOTES=0` turns the notes off). From a shell, `python -m errors explain` "
-        "takes "
-        "the message (with or without its `ValueError: ` prefix), the id, or with `-` a whole "
-        "pasted "
-        "traceback on stdin, and prints the same page.",
+        "Every entry has a page with what the error means, when it happens, the raise statement "
+        "in the source, solutions and runnable examples. Exceptions raised through the public API "
+        "carry the entry's id, the command `python -m errors explain <id>` (works offline) and a "
+        "link to its page as a note (`ATTN_REF_DOCS_URL` points the link at another build, empty "
+        "drops it; `ATTN_REF_ERROR_NOTES=0` turns the notes off). From a shell, `python -m errors "
+        "explain` takes the message (with or without its `ValueError: ` prefix), the id, or with "
+        "`-` a whole pasted traceback on stdin, and prints the same page.",
         "",
     ]
     if catalog.get("upstream_shared"):
         lines += [catalog["upstream_shared"]["statement"], ""]
     lines += [
         "Errors of sglang, FlashAttention, ring-flash-attention and yunchang are listed by source "
-        "on "
-        "[Upstream errors](upstream.md), each linked to its entry.",
+        "on [Upstream errors](upstream.md), each linked to its entry.",
         "",
     ]
     lines += [

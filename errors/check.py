@@ -84,9 +84,8 @@ def upstream_problems(catalog: dict) -> list[tuple[str, str]]:
             problems.append(
                 (
                     entry["id"],
-                    "the upstream note names no commit: add upstream.commit (the upstream "
-                    "commit it was checked against) or upstream.unpinned (why none can be "
-                    "named)",
+                    "the upstream note names no commit: add upstream.commit (the upstream commit "
+                    "it was checked against) or upstream.unpinned (why none can be named)",
                 )
             )
         elif len(given) == 2:

@@ -36,9 +36,8 @@ from .scan import RaiseSite, scan
 
 UPSTREAM_STATEMENT = (
     "Entries with an 'upstream' field are raised with the same message by sglang (or by the "
-    "FlashAttention "
-    "code it builds on), possibly as a different exception type (see each entry's upstream note); "
-    "all other entries are this package's own."
+    "FlashAttention code it builds on), possibly as a different exception type (see each entry's "
+    "upstream note); all other entries are this package's own."
 )
 
 

@@ -164,8 +164,7 @@ def render_markdown_section(entry: dict, folder: Optional[Path] = None) -> list[
         pin = message.get("commit", "")[:12] or "unpinned"
         lines.append(
             f"- `{message['exception']}: {message['template']}` ({data['title']}: "
-            f"`{message['path']}`, "
-            f"`{message['function']}`, {pin})"
+            f"`{message['path']}`, `{message['function']}`, {pin})"
         )
     names = translated_names([m for _, m in mapped])
     if names:

@@ -42,8 +42,8 @@ the reference's split ``s``. With ``n = 1`` it writes the final ``out`` (in the 
 ``lse``; with ``n > 1`` it writes fp32 partials that :mod:`kernels.merge` combines. The launcher
 decides which by the pointers and strides it passes; the kernel does not know.
 
-**Masks** (bottom-right causal = window ``(left, 0)``, sliding window, chunk) are runtime values, so
-one compiled variant serves every mask; Triton's integer specialisation is switched off for them.
+**Masks** (bottom-right causal = window ``(left, 0)``, sliding window, chunk) are runtime values,
+passed as one argument group (:mod:`kernels.masks`): a model's fixed mask compiles one variant.
 The mask test and the key range of a tile live in :mod:`kernels.masks`, beside the reference's.
 
 **Block skipping.** Of the key range ``[k0, k1)`` only ``[lo, hi)``, the keys some row of the tile
@@ -56,22 +56,23 @@ its last, partial block.
 from interpreter timings, and no GPU has run these kernels yet: ``benchmarks/gpu_check.sh`` measures
 them, and ``benchmarks/results/`` will hold the figures.
 
-| optimisation | what it saves | measured |
-|---|---|---|
-| pack-GQA M tile | K/V read once per KV head instead of once per query head (G-fold less K/V
-traffic in decode) | not yet (GPU) |
-| split-KV (`num_splits`) | fills the SMs when `b · h_k · m-blocks` is small (decode) | not yet
-(GPU) |
-| block skipping | fully masked key blocks are never loaded (causal prefill: about half) | not yet
-(GPU) |
-| unmasked inner blocks | no mask arithmetic where every row of the tile sees every key | not yet
-(GPU) |
-| base-2 online softmax | `exp2` instead of `exp`, the `log2(e)` factor folded into the scale | not
-yet (GPU) |
-| one variant per mask | masks are runtime values: one compile serves every window and chunk |
-variants listed by `tests/test_kernel_compile.py` |
-| static grid | sized from shapes and bounds with no host read, so the call can be captured in a
-CUDA graph | host time of the call 350 -> 130-142 µs (CPU, value checks off, 2026-12-01) |
+Each optimisation, what it saves, and its measured effect:
+
+* pack-GQA M tile: K/V read once per KV head instead of once per query head (G-fold less K/V
+  traffic in decode). Measured: not yet (GPU).
+* split-KV (``num_splits``): fills the SMs when ``b · h_k · m-blocks`` is small (decode). Measured:
+  not yet (GPU).
+* block skipping: fully masked key blocks are never loaded (causal prefill: about half). Measured:
+  not yet (GPU).
+* unmasked inner blocks: no mask arithmetic where every row of the tile sees every key. Measured:
+  not yet (GPU).
+* base-2 online softmax: ``exp2`` instead of ``exp``, the ``log2(e)`` factor folded into the scale.
+  Measured: not yet (GPU).
+* the mask as one runtime argument group: a model's fixed mask compiles one variant; the variants
+  are listed by ``tests/test_kernel_compile.py``.
+* static grid: sized from shapes and bounds with no host read, so the call can be captured in a
+  CUDA graph. Measured: host time of the call 350 -> 130-142 µs (CPU, value checks off,
+  2026-12-01).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ from .launch import (
     next_power_of_2,
     rotated_q_parts,
 )
-from .masks import MASK_PARAMS, mask_args, tile_key_range, visible_keys
+from .masks import tile_key_range, visible_keys
 from .numerics import LN2, LOG2E, split_parts, store_as, tanh
 from .paged import cache_slots
 from .rotary import apply_rotary
@@ -127,7 +128,7 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
         rotary_tables=(call.rotary_cos, call.rotary_sin) if rotary else (None, None),
         sinks_ptr=call.sinks, descales=tuple(descales), batch_table=call.batch,
         out_ptr=out, lse_ptr=lse,
-        **_row_strides("stride_q", q, packed), **_row_strides("stride_qv", qv, packed),
+        stride_q=_row_strides(q, packed), stride_qv=_row_strides(qv, packed),
         stride_table=call.page_table.stride(0) if call.paged else 0,
         page_size=max(call.page_size, 1),
         stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
@@ -137,7 +138,7 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
         stride_ls=lse_strides[0], stride_lb=lse_strides[1],
         stride_lh=lse_strides[2], stride_lt=lse_strides[3],
         softmax_scale=call.softmax_scale, softcap=call.softcap if call.softcap > 0 else 1.0,
-        **mask_args(call.mask), has_sinks=int(call.sinks is not None), num_splits=num_splits,
+        mask=call.mask.kernel_args(), has_sinks=int(call.sinks is not None), num_splits=num_splits,
     )
     constexprs = dict(
         HEADS=HeadLayout(call.num_heads_k, g, call.head_dim, call.head_dim_v),
@@ -157,13 +158,12 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
                   num_stages=tiles.num_stages, dummy_device=vc.device)
 
 
-def _row_strides(prefix: str, x, packed: bool) -> dict[str, int]:
+def _row_strides(x, packed: bool) -> tuple[int, int, int]:
     """``(batch, token, head)`` strides of q-like ``x``: batched ``(b, sq, h, dim)`` or packed
     ``(total_q, h, dim)`` (batch stride 0; the token index already includes ``q_start``)."""
     if x is None:
-        return {prefix + "b": 0, prefix + "t": 0, prefix + "h": 0}
-    b, t, h = (0, *x.stride()[:2]) if packed else x.stride()[:3]
-    return {prefix + "b": b, prefix + "t": t, prefix + "h": h}
+        return 0, 0, 0
+    return (0, *x.stride()[:2]) if packed else tuple(x.stride()[:3])
 
 
 def _descale_or_ones(call, descale):
@@ -199,16 +199,18 @@ class AttentionFeatures(NamedTuple):
 
 
 # Triton specialises int arguments on divisibility by 16 (for vectorised loads) and on == 1; that
-# matters for the cache strides (the K/V stream) but not for per-call scalars or the q / out / lse
-# strides (read or written once per program), which would only multiply the compiled variants. It
+# matters for the cache strides (the K/V stream) but not for per-call scalars or the out / lse
+# strides (written once per program), which would only multiply the compiled variants. It
 # specialises every int inside a tuple argument whatever do_not_specialize says, so the groups
-# (pointers, cache strides) hold only specialised values and the others are parameters of their own.
+# hold values whose specialisation costs little: pointers, the cache strides, the q / qv strides
+# (measured: no more variants) and the mask, whose values are fixed for a model (a causal or
+# sliding-window model compiles one variant; the feature tests' many windows compile about twice
+# the variants). The others are parameters of their own.
 @triton.jit(do_not_specialize=[
-    "stride_qb", "stride_qt", "stride_qh", "stride_qvb", "stride_qvt", "stride_qvh",
     "stride_table", "page_size", "stride_rotary", "rotary_dim", "stride_descale",
     "stride_os", "stride_ob", "stride_oh", "stride_ot",
     "stride_ls", "stride_lb", "stride_lh", "stride_lt",
-    *MASK_PARAMS, "has_sinks", "num_splits",
+    "has_sinks", "num_splits",
 ])
 def _split_states_kernel(
     q_ptr,  # (b, sq, h, d) or (total_q, h, d)
@@ -225,8 +227,7 @@ def _split_states_kernel(
     # total_q, dv)
     out_ptr,
     lse_ptr,  # fp32 (b, h, sq) / (h, total_q), or partials (n, b, h, sq) / (n, h, total_q)
-    stride_qb, stride_qt, stride_qh,  # q (stride_qb = 0 when packed)
-    stride_qvb, stride_qvt, stride_qvh,  # qv
+    stride_q, stride_qv,  # (batch, token, head) strides of q and qv (batch 0 when packed)
     stride_table,  # page_table.stride(0)
     page_size,  # P (PAGED only)
     stride_rotary,  # cos.stride(0)
@@ -235,8 +236,7 @@ def _split_states_kernel(
     stride_os, stride_ob, stride_oh, stride_ot,  # out: split, batch, head, row (unused axes: 0)
     stride_ls, stride_lb, stride_lh, stride_lt,  # lse: split, batch, head, row
     softmax_scale, softcap,
-    window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
-    chunk,  # attention_chunk, 0 = off
+    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
     has_sinks,  # 1: add the sink logit of each head (in split 0)
     num_splits,  # n: split s covers keys [s·ceil(s_k/n), (s+1)·ceil(s_k/n)) ∩ [0, s_k)
     HEADS: tl.constexpr,  # HeadLayout(H_K, G, D, DV)
@@ -269,9 +269,8 @@ def _split_states_kernel(
         dv_ok = _lanes_below(offs_dv, HEADS.DV, TILE.BLOCK_DV)  # (BLOCK_DV,) bool
         cos_ptr, sin_ptr = rotary_tables
         q, q_mid, q_lo, qv = _load_q(
-            q_ptr + batch64 * stride_qb + token[:, None] * stride_qt + heads[:, None] * stride_qh,
-            (qv_ptr + batch64 * stride_qvb + token[:, None] * stride_qvt
-             + heads[:, None] * stride_qvh),
+            _token_rows(q_ptr, stride_q, batch64, token, heads),
+            _token_rows(qv_ptr, stride_qv, batch64, token, heads),
             rows, row_ok, offs_d, offs_dv, d_ok, dv_ok,
             batch_table.rotary_starts + batch, cos_ptr, sin_ptr, stride_rotary, rotary_dim,
             BLOCK_M, TILE.BLOCK_D, TILE.BLOCK_DV, FEATURES.HAS_QV, FEATURES.ONLY_QV,
@@ -288,13 +287,21 @@ def _split_states_kernel(
                  tl.load(batch_table.cache_rows + batch), tl.load(batch_table.leftpads + batch))
         out, lse = _attention_with_lse(
             (q, q_mid, q_lo, qv), rows, pid_m * ROWS, tl.minimum(pid_m * ROWS + ROWS, seqlen_q),
-            seqlen_q, seqlen_k, k0, k1, (window_left, window_right, chunk), scale, softcap,
+            seqlen_q, seqlen_k, k0, k1, mask, scale, softcap,
             sinks_ptr + heads, row_ok, (has_sinks != 0) & (split == 0), v_scale, cache,
             (offs_d, offs_dv, d_ok, dv_ok), TILE, FEATURES, COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS)
         split64 = split.to(tl.int64)
         _store_state(out_ptr + split64 * stride_os + batch64 * stride_ob,
                      lse_ptr + split64 * stride_ls + batch64 * stride_lb, out, lse, heads, token,
                      offs_dv, row_ok, dv_ok, stride_oh, stride_ot, stride_lh, stride_lt, ROUND_TO)
+
+
+@triton.jit
+def _token_rows(ptr, strides, batch, token, heads):
+    """(BLOCK_M, 1) pointers to channel 0 of each tile entry's row of a q-like tensor: batch entry
+    ``batch``, row ``token`` (BLOCK_M,), head ``heads`` (BLOCK_M,), at ``strides = (batch, token,
+    head)``."""
+    return ptr + batch * strides[0] + token[:, None] * strides[1] + heads[:, None] * strides[2]
 
 
 @triton.jit

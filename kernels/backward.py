@@ -24,9 +24,9 @@ Both gradient kernels start from :func:`_head_pointers` (where a query head and 
 read tiles with :func:`_load_rows` and recompute ``P`` and ``dS`` with :func:`_probabilities` and
 :func:`_dscores`, the twins of the reference's pieces of the same names (:mod:`attn_ref.backward`).
 
-The masks are the forward's, from :mod:`kernels.masks`, as runtime values (one compiled variant
-serves every mask): bottom-right ``causal`` (passed as ``window_right = 0``), the sliding window
-``(window_left, window_right)`` and ``chunk``, tested per tile by
+The masks are the forward's, from :mod:`kernels.masks`, as one group of runtime values: bottom-right
+``causal`` (passed as ``window_right = 0``), the sliding window ``(window_left, window_right)`` and
+``chunk``, tested per tile by
 :func:`kernels.masks.visible_keys`.
 Tiles that no row sees are skipped with :func:`kernels.masks.tile_key_range`: the dQ program visits
 only the key blocks of its rows' ``[lo, hi)``, the dK/dV program skips each query block whose
@@ -52,7 +52,7 @@ from attn_ref.masks import NO_MASK, AttentionMask
 
 from .attention import _logits
 from .launch import Launch, Tile, compute_dtype, dot_precision, next_power_of_2
-from .masks import MASK_PARAMS, mask_args, tile_key_range, visible_keys
+from .masks import tile_key_range, visible_keys
 from .numerics import LOG2E
 
 
@@ -150,7 +150,8 @@ def _common(q, k, v, dout, lse_bhs, delta, softmax_scale, mask, softcap) -> tupl
         TILE=Tile(block_m, block_n, max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))),
         DTYPE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
     )
-    return inputs, sizes, mask_args(mask.bounded(q.shape[1], k.shape[1])), constexprs
+    mask_group = dict(mask=mask.bounded(q.shape[1], k.shape[1]).kernel_args())
+    return inputs, sizes, mask_group, constexprs
 
 
 def _blocks(head_dim: int) -> tuple[int, int]:
@@ -166,8 +167,8 @@ def _pointer(name: str, prefix: str, x: Optional[torch.Tensor]) -> dict:
     return {f"{name}_ptr": x, f"stride_{prefix}": strides}
 
 
-# Strides come as (batch, row, head) groups, which Triton specialises (as it did them before); the
-# lengths and the mask (kernels.masks.MASK_PARAMS) stay parameters of their own, unspecialised.
+# Strides come as (batch, row, head) groups, which Triton specialises (as it did them before), and
+# the mask as its group (kernels.masks); the lengths stay parameters of their own, unspecialised.
 @triton.jit(do_not_specialize=["seqlen_q"])
 def _preprocess_kernel(
     out_ptr, stride_o,  # [b, s_q, h, d_v]
@@ -193,7 +194,7 @@ def _preprocess_kernel(
     tl.store(delta_ptr + pid_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=row_mask)
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", *MASK_PARAMS])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
 def _dkdv_kernel(
     q_ptr, stride_q,  # [b, s_q, h, d]; strides (batch, row, head)
     k_ptr, stride_k,  # [b, s_k, h_k, d]
@@ -203,15 +204,13 @@ def _dkdv_kernel(
     dk_ptr, stride_dk,  # [b, s_k, h_k, d] fp32 output
     dv_ptr, stride_dv,  # [b, s_k, h_k, d_v] fp32 output
     seqlen_q, seqlen_k, softmax_scale, softcap, nheads_k,
-    window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
-    chunk,  # attention_chunk, 0 = off
+    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
     GROUP: tl.constexpr, SOFTCAP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     TILE: tl.constexpr,  # Tile(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV) (kernels.launch)
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """``dK``, ``dV`` of ``BLOCK_N`` keys of one (batch, KV head), summed over its ``GROUP`` query
     heads."""
-    mask = (window_left, window_right, chunk)  # the mask group (kernels.masks)
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
     BLOCK_N: tl.constexpr = TILE.BLOCK_N
     BLOCK_D: tl.constexpr = TILE.BLOCK_D
@@ -251,7 +250,7 @@ def _dkdv_kernel(
     _store_rows(_at(dv_ptr, stride_dv, b, hk), dv, offs_n, seqlen_k, stride_dv[1], DV, BLOCK_DV)
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", *MASK_PARAMS])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
 def _dq_kernel(
     q_ptr, stride_q,  # [b, s_q, h, d]; strides (batch, row, head)
     k_ptr, stride_k,  # [b, s_k, h_k, d]
@@ -260,15 +259,13 @@ def _dq_kernel(
     lse_ptr, delta_ptr,  # [b, h, s_q] fp32
     dq_ptr, stride_dq,  # [b, s_q, h, d] fp32 output
     seqlen_q, seqlen_k, softmax_scale, softcap, nheads,
-    window_left, window_right,  # window sides, -1 = unbounded (causal: window_right = 0)
-    chunk,  # attention_chunk, 0 = off
+    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
     GROUP: tl.constexpr, SOFTCAP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     TILE: tl.constexpr,  # Tile(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV) (kernels.launch)
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """``dQ`` of ``BLOCK_M`` query rows of one (batch, head), over the key blocks the rows can
     see."""
-    mask = (window_left, window_right, chunk)  # the mask group (kernels.masks)
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
     BLOCK_N: tl.constexpr = TILE.BLOCK_N
     BLOCK_D: tl.constexpr = TILE.BLOCK_D

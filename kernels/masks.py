@@ -3,29 +3,19 @@ tile.
 
 The same bottom-right causal / sliding window / chunk semantics as :mod:`attn_ref.masks`, with the
 mask as one argument group of runtime values, ``mask = (window_left, window_right, chunk)``
-(:meth:`attn_ref.masks.AttentionMask.kernel_args`; one compiled variant serves every mask): window
-sides are ``-1`` when unbounded (causal is ``window_right = 0``), ``chunk`` is 0 when off, and a
-switched-off condition is or-ed with True. ``diag`` is ``i + Δ``, ``Δ = seqlen_k - seqlen_q``, as in
-the reference.
+(:meth:`attn_ref.masks.AttentionMask.kernel_args`): window sides are ``-1`` when unbounded (causal
+is ``window_right = 0``), ``chunk`` is 0 when off, and a switched-off condition is or-ed with True.
+``diag`` is ``i + Δ``, ``Δ = seqlen_k - seqlen_q``, as in the reference.
 
-A launched kernel takes the three values as parameters of their own, :data:`MASK_PARAMS`, listed in
-its ``do_not_specialize`` (:func:`mask_args` on the host), and gathers them into ``mask`` itself:
-Triton would specialise them inside a tuple argument (divisibility by 16, ``== 1``), which roughly
-doubles the compiled variants of the forward kernel (61 -> 116 over the kernel and feature tests).
+A launched kernel takes the group as one tuple argument. Triton specialises the ints of a tuple
+(divisibility by 16, ``== 1``): a model's mask is fixed, so it compiles one variant; calls with many
+different windows compile a few more (the feature tests: about twice the variants).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-#: The kernels' parameters of the mask group, in the order of ``AttentionMask.kernel_args()``.
-MASK_PARAMS = ("window_left", "window_right", "chunk")
-
-
-def mask_args(mask) -> dict[str, int]:
-    """The launch arguments of a :class:`attn_ref.masks.AttentionMask`: MASK_PARAMS -> values."""
-    return dict(zip(MASK_PARAMS, mask.kernel_args()))
 
 
 @triton.jit

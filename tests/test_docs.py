@@ -1148,9 +1148,8 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
     for pasted in (
         "RuntimeError: seqused_k must have dtype int32",
         "RuntimeError: q must be on CUDA\nException raised from mha_fwd at "
-        "/src/hopper/flash_api.cpp:745 "
-        "(most recent call first):\nframe #0: c10::Error::Error(c10::SourceLocation, "
-        "std::string) + 0x9c",
+        "/src/hopper/flash_api.cpp:745 (most recent call first):\nframe #0: "
+        "c10::Error::Error(c10::SourceLocation, std::string) + 0x9c",
         "block_table must have contiguous last dimension",
         "AssertionError: zigzag ring is meaningless for causal=False",
     ):

@@ -217,13 +217,9 @@ def test_huge_expression_gets_a_short_placeholder_name(capsys, tmp_path):
 
 def test_message_held_in_a_variable_reads_as_the_variable(capsys, tmp_path):
     (tmp_path / "reason.py").write_text(
-        "def f(x, why):\n"
-        "    reason = unsupported_reason(x, mode=3, mask=None, prefix=2)\n"
-        "    if reason:\n"
-        "        raise NotImplementedError(reason)\n"
-        "    a = b\n"
-        "    b = a\n"
-        "    raise NotImplementedError(a)\n"
+        "def f(x, why):\n    reason = unsupported_reason(x, mode=3, mask=None, prefix=2)\n    if "
+        "reason:\n        raise NotImplementedError(reason)\n    a = b\n    b = a\n    raise "
+        "NotImplementedError(a)\n"
     )
     code, out, _ = _scan(capsys, str(tmp_path))
     assert (

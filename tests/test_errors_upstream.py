@@ -171,10 +171,9 @@ def pasted_forms(message: dict) -> list[str]:
     if message["path"].endswith(".cpp"):
         forms += [
             f"{typed}\nException raised from {message['function']} at /src/{message['path']}:123 "
-            "(most recent "
-            "call first):\nframe #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9c "
-            "(0x7f in libc10.so)\n"
-            "frame #1: <unknown function> + 0x1234 (0x7f in flash_attn_3.so)\n",
+            "(most recent call first):\nframe #0: c10::Error::Error(c10::SourceLocation, "
+            "std::string) + 0x9c (0x7f in libc10.so)\nframe #1: <unknown function> + 0x1234 (0x7f "
+            "in flash_attn_3.so)\n",
             f"torch.AcceleratorError: {text}",
             f"{typed}Exception raised from {message['function']} at /src/{message['path']}:9 (most "
             "recent call first):",
@@ -247,9 +246,8 @@ def test_upstream_only_entries_are_mapped_and_never_raised():
 def test_a_reason_returned_by_a_helper_and_raised_by_its_caller():
     found = scan_python(
         "def _reason(mask):\n    if mask:\n        return 'masks are not supported.'\n    return "
-        "None\n\n\n"
-        "class USP:\n    def forward(self, mask):\n        why = _reason(mask)\n        if why:\n"
-        "            raise NotImplementedError(why)\n",
+        "None\n\n\nclass USP:\n    def forward(self, mask):\n        why = _reason(mask)\n        "
+        "if why:\n            raise NotImplementedError(why)\n",
         "layer.py",
     )
     assert [(m.function, m.exception, m.message.template) for m in found] == [

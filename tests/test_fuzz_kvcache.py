@@ -602,8 +602,7 @@ def test_fuzz_contract():
     refused = sum(v for k, v in report["stats"].items() if k.endswith("Error"))
     print(
         f"\nfuzz: seed {SEED}, {CALLS} calls, {report['stats'].get('accepted', 0)} accepted, "
-        f"{refused} refused "
-        f"{ {k: v for k, v in report['stats'].items() if k.endswith('Error')} }, "
+        f"{refused} refused { {k: v for k, v in report['stats'].items() if k.endswith('Error')} }, "
         f"{report['stats']['kernel_calls']} also on the kernels, {len(report['violations'])} "
         "violations, "
         f"{report['stats']['seconds']} s"

@@ -27,8 +27,7 @@ BAD = {
     "not_float": (
         lambda o, l: (o, l, o, l.long()),
         ValueError,
-        "out_b and lse_b must be floating point on one device, got torch.float32 on cpu "
-        "and "
+        "out_b and lse_b must be floating point on one device, got torch.float32 on cpu and "
         "torch.int64 on cpu",
     ),
     "not_tensor": (

@@ -76,8 +76,7 @@ def test_shard_then_unshard_is_identity(u, r, zigzag):
             (12, 0, 2, 2, True),
             ValueError,
             "sequence length (12) must be divisible by 2 x ring_degree x ulysses_degree (8) for "
-            "the "
-            "zigzag layout",
+            "the zigzag layout",
         ),
         ((8, 4, 2, 2, False), ValueError, "sp_rank must be an int in [0, 4), got 4"),
         ((8, 0, 0, 2, False), ValueError, "ulysses_degree must be >= 1, got 0"),
@@ -334,8 +333,7 @@ def _ulysses_call(mode="ulysses", **overrides):
             ),
             ValueError,
             "replicated_k must be [batch, S_r, heads, head_dim] = [2, S_r, 2, 16] like k, got (2, "
-            "3, 4, "
-            "16)",
+            "3, 4, 16)",
         ),
         (
             _ulysses_call(
@@ -345,8 +343,7 @@ def _ulysses_call(mode="ulysses", **overrides):
             ),
             ValueError,
             "replicated_k must have the dtype and device of k (torch.float32, cpu), got "
-            "torch.float16, "
-            "cpu",
+            "torch.float16, cpu",
         ),
         (
             _ulysses_call(
@@ -356,8 +353,7 @@ def _ulysses_call(mode="ulysses", **overrides):
             ),
             ValueError,
             "replicated_q, replicated_k and replicated_v must have the same sequence length (dim "
-            "1), got "
-            "3, 2, 3",
+            "1), got 3, 2, 3",
         ),
     ],
 )

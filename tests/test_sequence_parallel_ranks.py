@@ -376,8 +376,7 @@ def error_cases(world: int) -> list[ErrorCase]:
         ErrorCase(
             "usp-replicated-too-long",
             ValueError,
-            r"num_replicated_suffix \(8\) must be smaller than q's local sequence length "
-            r"\(8\)",
+            r"num_replicated_suffix \(8\) must be smaller than q's local sequence length \(8\)",
             lambda api, g: api.USPAttention(4, HEAD_DIM, groups=g(1, w))(
                 *_qkv(), num_replicated_suffix=8
             ),

@@ -109,8 +109,7 @@ def test_windows_that_mask_nothing_beyond_causal_are_honoured(window):
             lambda q, k, v: sp.ring_flash_attn_func(q, k, v, alibi_slopes=torch.ones(4)),
             NotImplementedError,
             "alibi_slopes is not supported by the ring (ring-flash-attention asserts alibi_slopes "
-            "is "
-            "None)",
+            "is None)",
         ),
         # upstream's order: the ALiBi assert comes first
         (
@@ -122,8 +121,7 @@ def test_windows_that_mask_nothing_beyond_causal_are_honoured(window):
             lambda q, k, v: sp.ring_flash_attn_func(q, k, v, window_size=(2, 0)),
             NotImplementedError,
             "window_size=(2, 0) is not supported by the ring: a sliding window over the global "
-            "sequence "
-            "of 8 tokens",
+            "sequence of 8 tokens",
         ),
         (
             lambda q, k, v: sp.ring_flash_attn_func(q, k, v, window_size=(-1, 3)),
@@ -152,8 +150,7 @@ def test_windows_that_mask_nothing_beyond_causal_are_honoured(window):
             ),
             ValueError,
             "the zigzag layout needs an even number of rows per ring block (q's local sequence "
-            "length), "
-            "got 7",
+            "length), got 7",
         ),
         (lambda q, k, v: sp.ring_flash_attn_func(q[0], k, v), ValueError, "Expected 4D tensors"),
     ],
@@ -268,10 +265,8 @@ def test_disagreement_message_names_the_first_field_that_differs():
         agreement.check_ranks_agree(summaries)
     assert str(info.value) == (
         "the ranks of the sequence-parallel group disagree on q (rank 0: ((1, 8), "
-        "'torch.float32'), "
-        "rank 1: ((1, 8), 'torch.float16')); every rank must make the same call (same dtypes, "
-        "shapes, heads, "
-        "replicated counts and group layout)"
+        "'torch.float32'), rank 1: ((1, 8), 'torch.float16')); every rank must make the same call "
+        "(same dtypes, shapes, heads, replicated counts and group layout)"
     )
     agreement.check_ranks_agree([summaries[0], summaries[0]])  # agreeing ranks: nothing to raise
 

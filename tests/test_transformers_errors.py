@@ -87,9 +87,8 @@ def test_heads_first_layout_gets_the_hint():
             q.transpose(1, 2), k_cache.transpose(1, 2), k_cache.transpose(1, 2)
         )
     assert str(info.value).startswith(
-        "the number of key/value heads (5) must divide the number of query heads (1); "
-        "q (2, 4, 1, 16) and k_cache (2, 2, 5, 16) look like (batch, "
-        "heads, seqlen, dim)"
+        "the number of key/value heads (5) must divide the number of query heads (1); q (2, 4, 1, "
+        "16) and k_cache (2, 2, 5, 16) look like (batch, heads, seqlen, dim)"
     )
     odd = torch.randn(2, 1, 3, 16)  # not heads-first: the plain message
     with pytest.raises(ValueError) as info:

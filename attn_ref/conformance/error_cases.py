@@ -170,8 +170,7 @@ PACKAGE_CHECKS = {
         lambda a: dict(a, only_qv=True, softmax_scale=0.25),
         ValueError,
         "only_qv=True computes the scores from qv alone, so qv must be given (softmax_scale was "
-        "given, "
-        "so sglang's default-scale check did not run)",
+        "given, so sglang's default-scale check did not run)",
     ),
     # --- dtypes
     "q_dtype": (
@@ -259,8 +258,7 @@ PACKAGE_CHECKS = {
     "k_cache_ndim": (
         lambda a: dict(a, k_cache=a["k_cache"][0], v_cache=a["v_cache"][0]),
         ValueError,
-        "k_cache must be 4-D (batch_cache, seqlen_cache, h_k, dim) or (num_pages, P, "
-        "h_k, dim), "
+        "k_cache must be 4-D (batch_cache, seqlen_cache, h_k, dim) or (num_pages, P, h_k, dim), "
         "got shape (8, 2, 16)",
     ),
     "k_ndim": (
@@ -431,8 +429,7 @@ PACKAGE_CHECKS = {
         lambda a: dict(drop(varlen(a), "k", "v"), cache_seqlens=4),
         ValueError,
         "cache_seqlens must be a (batch,) int32 tensor when cu_seqlens_q is given: sglang expands "
-        "an int to "
-        "q.shape[0] entries, which is total_q, not the batch size",
+        "an int to q.shape[0] entries, which is total_q, not the batch size",
     ),
     # --- new keys and values
     "k_without_v": (
@@ -459,15 +456,13 @@ PACKAGE_CHECKS = {
     "leftpad_after_cache_seqlens": (
         lambda a: dict(a, cache_leftpad=torch.tensor([0, 6], dtype=I32)),
         ValueError,
-        "batch entry 1: need 0 <= cache_leftpad <= cache_seqlens, got "
-        "cache_leftpad=6, "
+        "batch entry 1: need 0 <= cache_leftpad <= cache_seqlens, got cache_leftpad=6, "
         "cache_seqlens=5",
     ),
     "negative_cache_seqlens": (
         lambda a: dict(a, cache_seqlens=-1),
         ValueError,
-        "batch entry 0: need 0 <= cache_leftpad <= cache_seqlens, got "
-        "cache_leftpad=0, "
+        "batch entry 0: need 0 <= cache_leftpad <= cache_seqlens, got cache_leftpad=0, "
         "cache_seqlens=-1",
     ),
     "capacity": (
@@ -483,37 +478,32 @@ PACKAGE_CHECKS = {
             cache_seqlens=torch.tensor([3, 4], dtype=I32),
         ),
         ValueError,
-        "two batch entries would write the same cache slot (duplicate "
-        "cache_batch_idx rows or shared "
-        "pages among the appended positions)",
+        "two batch entries would write the same cache slot (duplicate cache_batch_idx rows or "
+        "shared pages among the appended positions)",
     ),
     # --- options
     "window_malformed": (
         lambda a: dict(a, window_size=(1,)),
         ValueError,
-        "window_size must hold two ints (left, right) in int64 range, a negative "
-        "side meaning "
+        "window_size must hold two ints (left, right) in int64 range, a negative side meaning "
         "unbounded, got (1,)",
     ),
     "window_float": (
         lambda a: dict(a, window_size=(1.9, -1)),
         ValueError,
-        "window_size must hold two ints (left, right) in int64 range, a negative side "
-        "meaning "
+        "window_size must hold two ints (left, right) in int64 range, a negative side meaning "
         "unbounded, got (1.9, -1)",
     ),
     "window_bool": (
         lambda a: dict(a, window_size=(True, -1)),
         ValueError,
-        "window_size must hold two ints (left, right) in int64 range, a negative side "
-        "meaning "
+        "window_size must hold two ints (left, right) in int64 range, a negative side meaning "
         "unbounded, got (True, -1)",
     ),
     "window_beyond_int64": (
         lambda a: dict(a, window_size=(10**30, -1)),
         ValueError,
-        "window_size must hold two ints (left, right) in int64 range, a "
-        "negative side meaning "
+        "window_size must hold two ints (left, right) in int64 range, a negative side meaning "
         f"unbounded, got ({10**30}, -1)",
     ),
     "attention_chunk_not_int": (
@@ -524,8 +514,7 @@ PACKAGE_CHECKS = {
     "attention_chunk_beyond_int64": (
         lambda a: dict(a, attention_chunk=2**70),
         ValueError,
-        "attention_chunk must be None or convertible with int() to an "
-        "int64 (<= 0 = off), "
+        "attention_chunk must be None or convertible with int() to an int64 (<= 0 = off), "
         f"got {2**70}",
     ),
     "softcap_none": (
@@ -563,8 +552,7 @@ PACKAGE_CHECKS = {
         ValueError,
         re.compile(
             r"softmax_scale=1e\+38 can make the logits overflow float32 for these inputs "
-            r"\(\|softmax_scale · q·k\| up to "
-            r"[0-9.e+]+\); use a smaller softmax_scale"
+            r"\(\|softmax_scale · q·k\| up to [0-9.e+]+\); use a smaller softmax_scale"
         ),
     ),
     "default_scale_zero_head_dim": (
@@ -625,15 +613,13 @@ PACKAGE_CHECKS = {
     "k_cache_requires_grad": (
         lambda a: dict(a, k_cache=a["k_cache"].requires_grad_()),
         ValueError,
-        "k_cache requires grad, but the call writes it in place; pass a "
-        "tensor that does not "
+        "k_cache requires grad, but the call writes it in place; pass a tensor that does not "
         "require grad (e.g. k_cache.detach())",
     ),
     "out_requires_grad": (
         lambda a: dict(a, out=torch.zeros(2, 2, 4, 16, requires_grad=True)),
         ValueError,
-        "out requires grad, but the call writes it in place; pass a tensor that "
-        "does not require "
+        "out requires grad, but the call writes it in place; pass a tensor that does not require "
         "grad (e.g. out.detach())",
     ),
     "v_cache_expanded": (
@@ -643,18 +629,15 @@ PACKAGE_CHECKS = {
             cache_seqlens=torch.tensor([3, 5], dtype=I32),
         ),
         ValueError,
-        "v_cache has elements that share memory (e.g. a stride-0 view from "
-        "expand), but the call "
+        "v_cache has elements that share memory (e.g. a stride-0 view from expand), but the call "
         "writes it in place; pass a tensor with its own memory per element (e.g. "
         "v_cache.contiguous())",
     ),
     "out_broadcast": (
         lambda a: dict(a, out=torch.zeros(1, 2, 4, 16).expand(2, -1, -1, -1)),
         ValueError,
-        "out has elements that share memory (e.g. a stride-0 view from expand), but "
-        "the call writes "
-        "it in place; pass a tensor with its own memory per element (e.g. "
-        "out.contiguous())",
+        "out has elements that share memory (e.g. a stride-0 view from expand), but the call "
+        "writes it in place; pass a tensor with its own memory per element (e.g. out.contiguous())",
     ),
     "k_cache_is_v_cache": (
         lambda a: dict(a, v_cache=a["k_cache"]),
@@ -704,9 +687,8 @@ PACKAGE_CHECKS = {
     "rotary_dim_not_multiple_of_16": (
         lambda a: rotary(a, dim=8),
         ValueError,
-        "rotary_dim = 2 * rotary_cos.shape[1] must be a multiple of "
-        "16 and <= the head dim "
-        "(16), got 8",
+        "rotary_dim = 2 * rotary_cos.shape[1] must be a multiple of 16 and <= the head dim (16), "
+        "got 8",
     ),
     "rotary_table_paged": (
         lambda a: rotary(paged(a), rows=7),

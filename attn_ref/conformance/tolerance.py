@@ -55,8 +55,7 @@ def fa_error(
     ratio = max(err.max().item() / allowed_max, err.mean().item() / allowed_mean)
     return ratio, (
         f"max error {err.max():.3g} (allowed {mult} x low-precision error {base.max():.3g} + "
-        f"{atol:.3g}), "
-        f"mean error {err.mean():.3g} (allowed {mult_mean} x {base.mean():.3g} + "
+        f"{atol:.3g}), mean error {err.mean():.3g} (allowed {mult_mean} x {base.mean():.3g} + "
         f"{atol:.3g})"
     )
 

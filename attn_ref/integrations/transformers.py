@@ -154,8 +154,7 @@ def key_range(
         raise UnsupportedAttention(
             "attn_ref attention expresses padding as cache_leftpad and cache_seqlens: each row of "
             "attention_mask must be padding, then tokens, then padding (left padding); this mask "
-            "has "
-            "padding between tokens"
+            "has padding between tokens"
         )
     return leftpad.to(torch.int32), seqlens.to(torch.int32)
 
@@ -219,8 +218,8 @@ def _require_causal(
     except Exception as exc:
         raise UnsupportedAttention(
             "attn_ref attention supports causal masks with left padding and a sliding window; this "
-            "model "
-            "asks for a mask that cannot be evaluated on index tensors (a custom mask function)"
+            "model asks for a mask that cannot be evaluated on index tensors (a custom mask "
+            "function)"
         ) from exc
     causal = kv <= q
     patterns = [causal] + ([causal & (kv > q - sliding_window)] if sliding_window else [])

@@ -138,7 +138,6 @@ def check_ranks_agree(summaries: Sequence[tuple[str, dict, Optional[str]]]) -> N
             per_rank = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
             raise ValueError(
                 f"the ranks of the sequence-parallel group disagree on {what} ({per_rank}); every "
-                "rank must "
-                "make the same call (same dtypes, shapes, heads, replicated counts and group "
-                "layout)"
+                "rank must make the same call (same dtypes, shapes, heads, replicated counts and "
+                "group layout)"
             )

@@ -174,8 +174,7 @@ def check_backward_available(backend_name: str, attention_backward: object) -> N
     if attention_backward is None:
         raise NotImplementedError(
             f"the {backend_name!r} attention backend has no backward (attention_backward=None), so "
-            "no gradient "
-            "can flow through its sequence-parallel attention; train with "
-            "attn_ref.sequence_parallel (the "
-            "PyTorch reference backward), or build the AttentionBackend with an attention_backward"
+            "no gradient can flow through its sequence-parallel attention; train with "
+            "attn_ref.sequence_parallel (the PyTorch reference backward), or build the "
+            "AttentionBackend with an attention_backward"
         )

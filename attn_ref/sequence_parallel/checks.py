@@ -114,8 +114,7 @@ def check_attention_inputs(
         extra = f" + {kv_extra_rows} K/V-only prefix rows" if kv_extra_rows else ""
         raise ValueError(
             f"k and v must have q's sequence length{extra} (dim 1): q {q.shape[1]}, k "
-            f"{k.shape[1]}, "
-            f"v {v.shape[1]}"
+            f"{k.shape[1]}, v {v.shape[1]}"
         )
     if k.shape[2] != v.shape[2] or q.shape[2] % k.shape[2]:
         raise ValueError(

@@ -289,8 +289,7 @@ def check_all_to_all_4d(
     if (scatter_dim, gather_dim) not in ((2, 1), (1, 2)):
         raise ValueError(
             f"Invalid scatter_dim={scatter_dim}, gather_dim={gather_dim}. Only (scatter_dim=2, "
-            "gather_dim=1) "
-            "and (scatter_dim=1, gather_dim=2) are supported."
+            "gather_dim=1) and (scatter_dim=1, gather_dim=2) are supported."
         )
     if seq_lens is not None:
         seq_lens = check_seq_lens(seq_lens, world_size)

@@ -176,10 +176,8 @@ def check_sp_degrees(
     if sp_size > 1 and not initialized:
         raise ValueError(
             f"ulysses_degree x ring_degree = {ulysses_degree} x {ring_degree} needs "
-            "torch.distributed to be "
-            "initialized (torch.distributed.init_process_group, or "
-            "attn_ref.sequence_parallel.launch), "
-            "but it is not"
+            "torch.distributed to be initialized (torch.distributed.init_process_group, or "
+            "attn_ref.sequence_parallel.launch), but it is not"
         )
     if world_size % sp_size:
         raise ValueError(

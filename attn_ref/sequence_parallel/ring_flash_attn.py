@@ -362,8 +362,7 @@ def check_no_alibi(alibi_slopes: object) -> None:
     if alibi_slopes is not None:
         raise NotImplementedError(
             "alibi_slopes is not supported by the ring (ring-flash-attention asserts alibi_slopes "
-            "is None); "
-            "pass alibi_slopes=None"
+            "is None); pass alibi_slopes=None"
         )
 
 
@@ -390,7 +389,6 @@ def check_ring_window(window_size: object, causal: bool, seq_len: int) -> bool:
             f"window_size={tuple(window_size)} is not supported by the ring: a sliding window over "
             "the global "
             f"sequence of {seq_len} tokens needs per-token positions across ranks; pass "
-            "window_size=(-1, -1) "
-            "(with causal=True for a causal mask)"
+            "window_size=(-1, -1) (with causal=True for a causal mask)"
         )
     return causal

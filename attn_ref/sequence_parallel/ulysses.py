@@ -55,10 +55,9 @@ from .replicated import replicated_input, replicated_output
 #: sglang's text for UlyssesAttention under ring parallelism (raised as NotImplementedError).
 ULYSSES_RING_MESSAGE = (
     "UlyssesAttention's all-to-all spans the combined sequence parallel group and is not "
-    "ring-aware; "
-    "it would silently shuffle across ring ranks instead of rotating KV within them. Ring "
-    "parallelism "
-    "is not supported for models still using UlyssesAttention -- use USPAttention instead."
+    "ring-aware; it would silently shuffle across ring ranks instead of rotating KV within them. "
+    "Ring parallelism is not supported for models still using UlyssesAttention -- use USPAttention "
+    "instead."
 )
 SP_ATTENTION_MODES = ("ulysses", "kv_gather", "auto")
 

@@ -354,8 +354,7 @@ def check_no_attn_mask(attn_mask: object) -> None:
     if attn_mask is not None:
         raise NotImplementedError(
             "attn_mask is not supported by this USPAttention (no padding-mask path); pass "
-            "attn_mask=None "
-            "and shard sequences of equal length"
+            "attn_mask=None and shard sequences of equal length"
         )
 
 
@@ -387,8 +386,7 @@ def check_replicated_fits(name: str, count: int, seq_len: int) -> None:
     if count >= seq_len:
         raise ValueError(
             f"{name} ({count}) must be smaller than q's local sequence length ({seq_len}): the "
-            "replicated "
-            "tokens are part of q, and every rank needs at least one sharded token"
+            "replicated tokens are part of q, and every rank needs at least one sharded token"
         )
 
 

@@ -38,7 +38,8 @@ def merge_attention_states(
     """``(out_a, lse_a) ⊕ (out_b, lse_b)`` in fp32.
 
     Shapes: ``out_* (..., dim)``, ``lse_* (...)`` (= ``out.shape[:-1]``), any float dtype, one shape
-    for both states. Returns fp32 ``(out (..., dim), lse (...))``.
+    for both states: the LSE layout of sglang's ``merge_state``, ``out (s_q, h, d)`` with ``lse
+    (s_q, h)``, and of ``attention_with_lse``. Returns fp32 ``(out (..., dim), lse (...))``.
     """
     check_merge_states(out_a, lse_a, out_b, lse_b)
     return _merge_pair(out_a.float(), lse_a.float(), out_b.float(), lse_b.float())

@@ -41,9 +41,10 @@ def merge_attention_states(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out_a, lse_a) ⊕ (out_b, lse_b)``, as :func:`attn_ref.merge.merge_attention_states`.
 
-    Shapes: ``out_* (..., dim)``, ``lse_* (...)`` = ``out.shape[:-1]``, natural-log LSE, any float
-    dtype. Returns fp32 ``(out (..., dim), lse (...))``. The inputs are read in place (no stacking).
-    Arguments are checked by :func:`attn_ref.merge.check_merge_states`, as in the reference.
+    Shapes: ``out_* (..., dim)``, ``lse_* (...)`` = ``out.shape[:-1]`` (sglang's ``merge_state``
+    layout: ``out (s_q, h, d)``, ``lse (s_q, h)``), natural-log LSE, any float dtype. Returns fp32
+    ``(out (..., dim), lse (...))``. The inputs are read in place (no stacking). Arguments are
+    checked by :func:`attn_ref.merge.check_merge_states`, as in the reference.
     """
     check_merge_states(out_a, lse_a, out_b, lse_b)
     rows_a, rows_b = _rows(out_a), _rows(out_b)  # (R, dim) each

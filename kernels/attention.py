@@ -133,11 +133,10 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
         page_size=max(call.page_size, 1),
         stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
         stride_descale=descales[0].stride(0) if fp8_descale else 0,
-        stride_os=out_strides[0], stride_ob=out_strides[1],
-        stride_oh=out_strides[2], stride_ot=out_strides[3],
+        stride_out=tuple(out_strides),
         stride_ls=lse_strides[0], stride_lb=lse_strides[1],
         stride_lh=lse_strides[2], stride_lt=lse_strides[3],
-        softmax_scale=call.softmax_scale, softcap=call.softcap if call.softcap > 0 else 1.0,
+        scales=(call.softmax_scale, call.softcap if call.softcap > 0 else 1.0),
         mask=call.mask.kernel_args(), has_sinks=int(call.sinks is not None), num_splits=num_splits,
     )
     constexprs = dict(
@@ -199,16 +198,16 @@ class AttentionFeatures(NamedTuple):
 
 
 # Triton specialises int arguments on divisibility by 16 (for vectorised loads) and on == 1; that
-# matters for the cache strides (the K/V stream) but not for per-call scalars or the out / lse
-# strides (written once per program), which would only multiply the compiled variants. It
+# matters for the cache strides (the K/V stream) but not for per-call scalars or the lse strides
+# (written once per program), which would only multiply the compiled variants. It
 # specialises every int inside a tuple argument whatever do_not_specialize says, so the groups
 # hold values whose specialisation costs little: pointers, the cache strides, the q / qv strides
-# (measured: no more variants) and the mask, whose values are fixed for a model (a causal or
+# (measured: no more variants), the out strides (two more over the feature tests), the float
+# scales (floats are not specialised) and the mask, whose values are fixed for a model (a causal or
 # sliding-window model compiles one variant; the feature tests' many windows compile about twice
 # the variants). The others are parameters of their own.
 @triton.jit(do_not_specialize=[
     "stride_table", "page_size", "stride_rotary", "rotary_dim", "stride_descale",
-    "stride_os", "stride_ob", "stride_oh", "stride_ot",
     "stride_ls", "stride_lb", "stride_lh", "stride_lt",
     "has_sinks", "num_splits",
 ])
@@ -233,9 +232,9 @@ def _split_states_kernel(
     stride_rotary,  # cos.stride(0)
     rotary_dim,  # channels of q rotated (ROTARY only)
     stride_descale,  # descale.stride(0)
-    stride_os, stride_ob, stride_oh, stride_ot,  # out: split, batch, head, row (unused axes: 0)
+    stride_out,  # (split, batch, head, row) strides of out (unused axes: 0)
     stride_ls, stride_lb, stride_lh, stride_lt,  # lse: split, batch, head, row
-    softmax_scale, softcap,
+    scales,  # (softmax_scale, softcap) fp32 (softcap only read with SOFTCAP)
     mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
     has_sinks,  # 1: add the sink logit of each head (in split 0)
     num_splits,  # n: split s covers keys [s·ceil(s_k/n), (s+1)·ceil(s_k/n)) ∩ [0, s_k)
@@ -277,6 +276,7 @@ def _split_states_kernel(
             FEATURES.ROTARY, FEATURES.INTERLEAVED, FEATURES.ROTARY_FIXED, COMPUTE_DTYPE, Q_PARTS)
         descale_at = batch64 * stride_descale + kv_head
         q_descale_ptr, k_descale_ptr, v_descale_ptr = descales
+        softmax_scale, softcap = scales
         scale, v_scale = _dequantize(softmax_scale, q_descale_ptr + descale_at,
                                      k_descale_ptr + descale_at, v_descale_ptr + descale_at,
                                      FEATURES.HAS_DESCALE)
@@ -291,9 +291,10 @@ def _split_states_kernel(
             sinks_ptr + heads, row_ok, (has_sinks != 0) & (split == 0), v_scale, cache,
             (offs_d, offs_dv, d_ok, dv_ok), TILE, FEATURES, COMPUTE_DTYPE, DOT_PRECISION, Q_PARTS)
         split64 = split.to(tl.int64)
-        _store_state(out_ptr + split64 * stride_os + batch64 * stride_ob,
+        _store_state(out_ptr + split64 * stride_out[0] + batch64 * stride_out[1],
                      lse_ptr + split64 * stride_ls + batch64 * stride_lb, out, lse, heads, token,
-                     offs_dv, row_ok, dv_ok, stride_oh, stride_ot, stride_lh, stride_lt, ROUND_TO)
+                     offs_dv, row_ok, dv_ok, stride_out[2], stride_out[3], stride_lh, stride_lt,
+                     ROUND_TO)
 
 
 @triton.jit

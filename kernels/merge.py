@@ -99,20 +99,14 @@ def plan_merge(first_out, first_lse, rest_out, rest_lse, out, lse) -> Launch:
         first_out_ptr=first_out, first_lse_ptr=first_lse,
         rest_out_ptr=rest_out, rest_lse_ptr=rest_lse,
         out_ptr=out, lse_ptr=lse, num_rest=rest_out.shape[0], rows=a2,
-        **_strides("stride_fo", first_out.stride()[:3]),
-        **_strides("stride_fl", first_lse.stride()),
-        **_strides("stride_ro", rest_out.stride()[:4], ("s", "0", "1", "2")),
-        **_strides("stride_rl", rest_lse.stride(), ("s", "0", "1", "2")),
-        **_strides("stride_o", out.stride()[:3]), **_strides("stride_l", lse.stride()),
+        stride_fo=tuple(first_out.stride()[:3]), stride_fl=tuple(first_lse.stride()),
+        stride_ro=tuple(rest_out.stride()[:4]), stride_rl=tuple(rest_lse.stride()),
+        stride_o=tuple(out.stride()[:3]), stride_l=tuple(lse.stride()),
     )
     constexprs = dict(DIM=dim, BLOCK_R=block_r, BLOCK_DIM=block_dim,
                       ROUND_TO=explicit_rounding(out.dtype))
     return Launch(_merge_states_kernel, (triton.cdiv(a2, block_r), a1, a0), args, constexprs,
                   num_warps=4, num_stages=1, dummy_device=out.device)
-
-
-def _strides(prefix: str, strides, axes=("0", "1", "2")) -> dict[str, int]:
-    return {prefix + axis: stride for axis, stride in zip(axes, strides)}
 
 
 @triton.jit(do_not_specialize=["num_rest", "rows"])
@@ -125,12 +119,9 @@ def _merge_states_kernel(
     lse_ptr,  # (A0, A1, A2) fp32 merged LSE
     num_rest,  # n - 1
     rows,  # A2
-    stride_fo0, stride_fo1, stride_fo2,  # first_out strides (last dim contiguous)
-    stride_fl0, stride_fl1, stride_fl2,
-    stride_ros, stride_ro0, stride_ro1, stride_ro2,  # rest_out strides
-    stride_rls, stride_rl0, stride_rl1, stride_rl2,
-    stride_o0, stride_o1, stride_o2,
-    stride_l0, stride_l1, stride_l2,
+    stride_fo, stride_fl,  # state 0: (A0, A1, A2) strides of out (dim contiguous) and lse
+    stride_ro, stride_rl,  # states 1 .. n-1: (state, A0, A1, A2) strides of out and lse
+    stride_o, stride_l,  # the merged out and lse: (A0, A1, A2) strides
     DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DIM: tl.constexpr, ROUND_TO: tl.constexpr,
 ):
     pid_r, a1, a0 = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
@@ -140,25 +131,35 @@ def _merge_states_kernel(
     mask = row_mask[:, None] & (offs_d[None, :] < DIM)  # (BLOCK_R, BLOCK_DIM)
 
     # (BLOCK_R, BLOCK_DIM), (BLOCK_R,): state 0's out and lse
-    first_out_ptrs = (first_out_ptr + a0 * stride_fo0 + a1 * stride_fo1
-                      + offs_r[:, None] * stride_fo2 + offs_d[None, :])
-    first_lse_ptrs = first_lse_ptr + a0 * stride_fl0 + a1 * stride_fl1 + offs_r * stride_fl2
+    first_out_ptrs = (_row_ptrs(first_out_ptr, stride_fo[0], stride_fo[1], stride_fo[2], a0, a1,
+                                offs_r)[:, None] + offs_d[None, :])
+    first_lse_ptrs = _row_ptrs(first_lse_ptr, stride_fl[0], stride_fl[1], stride_fl[2], a0, a1,
+                               offs_r)
     # (BLOCK_R, BLOCK_DIM), (BLOCK_R,)
     o, lse = _load_state(first_out_ptrs, first_lse_ptrs, mask, row_mask)
-    rest_out_ptrs = (rest_out_ptr + a0 * stride_ro0 + a1 * stride_ro1 + offs_r[:, None] * stride_ro2
-                     + offs_d[None, :])  # (BLOCK_R, BLOCK_DIM) state 1
-    # (BLOCK_R,)
-    rest_lse_ptrs = rest_lse_ptr + a0 * stride_rl0 + a1 * stride_rl1 + offs_r * stride_rl2
+    # (BLOCK_R, BLOCK_DIM), (BLOCK_R,): state 1's
+    rest_out_ptrs = (_row_ptrs(rest_out_ptr, stride_ro[1], stride_ro[2], stride_ro[3], a0, a1,
+                               offs_r)[:, None] + offs_d[None, :])
+    rest_lse_ptrs = _row_ptrs(rest_lse_ptr, stride_rl[1], stride_rl[2], stride_rl[3], a0, a1,
+                              offs_r)
     for _ in range(num_rest):
         o_s, lse_s = _load_state(rest_out_ptrs, rest_lse_ptrs, mask, row_mask)
         o, lse = _merge_pair(o, lse, o_s, lse_s)
-        rest_out_ptrs += stride_ros  # next state (64-bit pointer arithmetic)
-        rest_lse_ptrs += stride_rls
+        rest_out_ptrs += stride_ro[0]  # next state (64-bit pointer arithmetic)
+        rest_lse_ptrs += stride_rl[0]
 
-    out_ptrs = (out_ptr + a0 * stride_o0 + a1 * stride_o1 + offs_r[:, None] * stride_o2
+    out_ptrs = (_row_ptrs(out_ptr, stride_o[0], stride_o[1], stride_o[2], a0, a1, offs_r)[:, None]
                 + offs_d[None, :])  # (BLOCK_R, BLOCK_DIM)
     store_as(out_ptrs, o, mask, ROUND_TO)
-    tl.store(lse_ptr + a0 * stride_l0 + a1 * stride_l1 + offs_r * stride_l2, lse, mask=row_mask)
+    lse_ptrs = _row_ptrs(lse_ptr, stride_l[0], stride_l[1], stride_l[2], a0, a1, offs_r)
+    tl.store(lse_ptrs, lse, mask=row_mask)
+
+
+@triton.jit
+def _row_ptrs(ptr, stride0, stride1, stride2, a0, a1, offs_r):
+    """(BLOCK_R,) pointers to rows ``offs_r`` (BLOCK_R,) of an ``(A0, A1, A2, ...)`` tensor at
+    ``[a0, a1]``, its strides ``stride0 .. stride2``."""
+    return ptr + a0 * stride0 + a1 * stride1 + offs_r * stride2
 
 
 @triton.jit

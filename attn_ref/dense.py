@@ -89,11 +89,11 @@ def attention(
         sinks: ``(h,)`` sink logits (in the space of ``ℓ``: neither scaled nor capped), or None.
         qv: ``(b, s_q, h, d_v)`` second query part, dotted with the values (MLA), or None.
         upcast: True computes in the inputs' dtype promoted to at least fp32 (float64 stays
-            float64). False is FlashAttention's low-precision test baseline instead (its
-            reference's ``upcast=False, reorder_ops=True``): the inputs' own dtype, the scale on the
-            keys (and on the values in the ``qv`` term) rather than on the queries.
-        p_dtype: round the probabilities through this dtype before they weight the values (as an
-            fp8 kernel does), or None.
+            float64). False is FlashAttention's low-precision test baseline instead (its reference's
+            ``upcast=False, reorder_ops=True``): the inputs' own dtype, the scale on the keys (and
+            on the values in the ``qv`` term) rather than on the queries.
+        p_dtype: round the probabilities through this dtype before they weight the values (as an fp8
+            kernel does), or None.
 
     Returns:
         ``out (b, s_q, h, d_v)`` in the compute dtype and ``lse (b, h, s_q)`` (natural log; fp32,

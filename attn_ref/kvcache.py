@@ -70,56 +70,64 @@ def flash_attn_with_kvcache(
 
     Args:
         q (torch.Tensor | None): ``(b, sq, h, d)``, or ``(total_q, h, d)`` with ``cu_seqlens_q``.
-        fp16, bf16, fp32 or
-            fp8 e4m3. May be None only with ``only_qv=True``.
+            fp16, bf16, fp32 or fp8 e4m3. May be None only with ``only_qv=True``.
         k_cache (torch.Tensor | None): ``(b_cache, s_cache, h_k, d)``, or paged ``(num_pages,
-        page_size, h_k, d)`` with
-            ``page_table``. May be None only with ``only_qv=True`` (a placeholder is used).
+            page_size, h_k, d)`` with ``page_table``. May be None only with ``only_qv=True`` (a
+            placeholder is used).
         v_cache (torch.Tensor): ``(b_cache, s_cache, h_k, dv)`` or ``(num_pages, page_size, h_k,
-        dv)``. k (torch.Tensor | None): new keys ``(b, s_new, h_k, d)``, or ``(total_new, h_k, d)``
-        with ``cu_seqlens_k_new``;
-            written (after rotary) at positions ``cache_seqlens[i] ...``. Needs ``v``.
+            dv)``.
+        k (torch.Tensor | None): new keys ``(b, s_new, h_k, d)``, or ``(total_new, h_k, d)`` with
+            ``cu_seqlens_k_new``; written (after rotary) at positions ``cache_seqlens[i] ...``.
+            Needs ``v``.
         v (torch.Tensor | None): new values ``(b, s_new, h_k, dv)``, or ``(total_new, h_k, dv)``;
-        written next to ``k``. qv (torch.Tensor | None): ``(b, sq, h, dv)`` / ``(total_q, h, dv)``:
-        adds ``qv·V`` to the scores (MLA). rotary_cos (torch.Tensor | None): ``(seqlen_rotary,
-        rotary_dim / 2)``, cosines of the rotary angles;
-            needs ``k``/``v``.
+            written next to ``k``.
+        qv (torch.Tensor | None): ``(b, sq, h, dv)`` / ``(total_q, h, dv)``: adds ``qv·V`` to the
+            scores (MLA).
+        rotary_cos (torch.Tensor | None): ``(seqlen_rotary, rotary_dim / 2)``, cosines of the rotary
+            angles; needs ``k``/``v``.
         rotary_sin (torch.Tensor | None): ``(seqlen_rotary, rotary_dim / 2)``, sines, with
-        ``rotary_cos``. cache_seqlens: int or ``(b,)`` int32: absolute end of the old tokens of each
-        sequence. cache_batch_idx: ``(b,)`` int32: cache row (or page-table row) of each batch
-        entry. cache_leftpad: ``(b,)`` int32: first valid cache position of each sequence.
+            ``rotary_cos``.
+        cache_seqlens: int or ``(b,)`` int32: absolute end of the old tokens of each sequence.
+        cache_batch_idx: ``(b,)`` int32: cache row (or page-table row) of each batch entry.
+        cache_leftpad: ``(b,)`` int32: first valid cache position of each sequence.
         page_table: ``(b, max_pages)`` int32, one row per sequence: position ``p`` of sequence ``i``
-        is at
-            ``[page_table[i, p // page_size], p % page_size]``.
+            is at ``[page_table[i, p // page_size], p % page_size]``.
         cu_seqlens_q: ``(b + 1,)`` int32 offsets of each sequence's rows in packed (varlen) ``q``.
         cu_seqlens_k_new: ``(b + 1,)`` int32 offsets of each sequence's tokens in packed
-        ``k``/``v``. max_seqlen_q: int, the longest sequence of packed ``q``; needed with
-        ``cu_seqlens_q``. rotary_seqlens: ``(b,)`` int32 rotary position of the first new key
-        (default cache_seqlens). q_descale: ``(b, h_k)`` fp32 factor of fp8 ``q`` per KV head (fp8
-        inputs only). k_descale: ``(b, h_k)`` fp32 factor of the fp8 key cache (fp8 inputs only).
-        v_descale: ``(b, h_k)`` fp32 factor of the fp8 value cache (fp8 inputs only). softmax_scale
-        (float | None): default ``(d + dv_qv) ** -0.5``, or ``dv ** -0.5`` with only_qv (as sglang).
-        causal (bool): bottom-right aligned causal mask. window_size (tuple[int, int]): ``(left,
-        right)`` keys visible around each row's diagonal; -1 is unbounded. attention_chunk: keys
-        only from the query's own chunk of this size (None/0: off). softcap (float): ``softcap *
-        tanh(scale * s / softcap)`` before masking (0: off). rotary_interleaved (bool): GPT-J pairs
-        (True) or GPT-NeoX halves (False). scheduler_metadata (torch.Tensor | None): FA3's
-        precomputed schedule; accepted, no effect here. num_splits (int): <= 0 heuristic (here: 1),
-        1 no split, n > 1: n KV splits merged through their LSE. pack_gqa (bool | None): FA3's
-        query-head packing switch; accepted, no effect here. only_qv (bool): scores from ``qv·V``
-        only (q and K are not read). sm_margin (int): SMs FA3 leaves free; accepted, no effect here.
+            ``k``/``v``.
+        max_seqlen_q: int, the longest sequence of packed ``q``; needed with ``cu_seqlens_q``.
+        rotary_seqlens: ``(b,)`` int32 rotary position of the first new key (default cache_seqlens).
+        q_descale: ``(b, h_k)`` fp32 factor of fp8 ``q`` per KV head (fp8 inputs only).
+        k_descale: ``(b, h_k)`` fp32 factor of the fp8 key cache (fp8 inputs only).
+        v_descale: ``(b, h_k)`` fp32 factor of the fp8 value cache (fp8 inputs only).
+        softmax_scale (float | None): default ``(d + dv_qv) ** -0.5``, or ``dv ** -0.5`` with
+            only_qv (as sglang).
+        causal (bool): bottom-right aligned causal mask.
+        window_size (tuple[int, int]): ``(left, right)`` keys visible around each row's diagonal; -1
+            is unbounded.
+        attention_chunk: keys only from the query's own chunk of this size (None/0: off).
+        softcap (float): ``softcap * tanh(scale * s / softcap)`` before masking (0: off).
+        rotary_interleaved (bool): GPT-J pairs (True) or GPT-NeoX halves (False).
+        scheduler_metadata (torch.Tensor | None): FA3's precomputed schedule; accepted, no effect
+            here.
+        num_splits (int): <= 0 heuristic (here: 1), 1 no split, n > 1: n KV splits merged through
+            their LSE.
+        pack_gqa (bool | None): FA3's query-head packing switch; accepted, no effect here.
+        only_qv (bool): scores from ``qv·V`` only (q and K are not read).
+        sm_margin (int): SMs FA3 leaves free; accepted, no effect here.
         return_softmax_lse (bool): return ``(out, lse, out_accum, lse_accum)`` instead of ``out``.
         sinks (torch.Tensor | None): ``(h,)`` sink logits, added to the softmax denominator and to
-        the LSE. score_mod (Callable | None): accepted and ignored, as sglang does. aux_tensors
-        (list[torch.Tensor] | None): accepted and ignored, as sglang does. ver (int): FA version;
-        must be 3, as in sglang. out (torch.Tensor | None): optional preallocated output ``(b, sq,
-        h, dv)`` / ``(total_q, h, dv)``,
-            written and returned.
+            the LSE.
+        score_mod (Callable | None): accepted and ignored, as sglang does.
+        aux_tensors (list[torch.Tensor] | None): accepted and ignored, as sglang does.
+        ver (int): FA version; must be 3, as in sglang.
+        out (torch.Tensor | None): optional preallocated output ``(b, sq, h, dv)`` / ``(total_q, h,
+            dv)``, written and returned.
 
     Returns:
         ``out`` ``(b, sq, h, dv)`` / ``(total_q, h, dv)`` in q's dtype (bf16 for fp8). With
-        ``return_softmax_lse``: ``(out, lse, out_accum, lse_accum)`` where ``lse`` is fp32
-        ``(b, h, sq)`` / ``(h, total_q)`` (natural log; -inf for a row with no visible key, +inf for
+        ``return_softmax_lse``: ``(out, lse, out_accum, lse_accum)`` where ``lse`` is fp32 ``(b, h,
+        sq)`` / ``(h, total_q)`` (natural log; -inf for a row with no visible key, +inf for
         zero-length KV), and the split partials are fp32 ``(n, b, h, sq, dv)`` / ``(n, b, h, sq)``
         (varlen: ``(n, h, total_q, dv)`` / ``(n, h, total_q)``) when ``n > 1`` splits ran, else
         None.

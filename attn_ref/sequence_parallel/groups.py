@@ -44,11 +44,13 @@ class SequenceParallelGroups:
 
     Attributes:
         sp_group: all ``U x R`` ranks (K/V gather, UlyssesAttention), or :data:`SELF_GROUP` for one
-        rank. ulysses_group: this rank's Ulysses group (USP all-to-alls), or :data:`SELF_GROUP` when
-        ``U == 1``. ring_group: this rank's ring group (ring exchange), or :data:`SELF_GROUP` when
-        ``R == 1``. ulysses_degree: ``U``, the ranks of a Ulysses group. ring_degree: ``R``, the
-        ranks of a ring group. sp_rank: this rank's index in its SP group, ``ring_rank x U +
-        ulysses_rank``.
+            rank.
+        ulysses_group: this rank's Ulysses group (USP all-to-alls), or :data:`SELF_GROUP` when ``U
+            == 1``.
+        ring_group: this rank's ring group (ring exchange), or :data:`SELF_GROUP` when ``R == 1``.
+        ulysses_degree: ``U``, the ranks of a Ulysses group.
+        ring_degree: ``R``, the ranks of a ring group.
+        sp_rank: this rank's index in its SP group, ``ring_rank x U + ulysses_rank``.
     """
 
     sp_group: Group

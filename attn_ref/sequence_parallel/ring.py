@@ -104,8 +104,8 @@ def ring_attention(
 
     Args:
         q: ``[b, S / P, h, d]`` this rank's block of queries; k ``[b, S / P, h_k, d]``, v ``[b, S /
-        P, h_k, d_v]``
-            the same tokens' keys and values (``h % h_k == 0``). Every rank passes the same shapes.
+            P, h_k, d_v]`` the same tokens' keys and values (``h % h_k == 0``). Every rank passes
+            the same shapes.
         group: the ring; None is the default group (the whole world), as in ``torch.distributed``;
             this rank alone without torch.distributed, or with :data:`~.comm.SELF_GROUP`.
         softmax_scale: default ``d ** -0.5``.

@@ -133,12 +133,13 @@ def ring_flash_attn_func(
         softmax_scale (float | None): default ``d ** -0.5``.
         causal (bool): causal over the global sequence.
         window_size (tuple[int, int]): ``(left, right)``; only windows that mask nothing beyond
-        ``causal``. alibi_slopes (None): must be None (``NotImplementedError`` otherwise).
+            ``causal``.
+        alibi_slopes (None): must be None (``NotImplementedError`` otherwise).
         deterministic (bool): accepted, no effect (forward and backward are deterministic).
-        return_attn_probs (bool): also return the LSE (and None for the probabilities). group
-        (ProcessGroup | None): the ring; None is the default group (the whole world). backend
-        (AttentionBackend): local attention + merge (the kernels' in
-        :mod:`kernels.sequence_parallel`).
+        return_attn_probs (bool): also return the LSE (and None for the probabilities).
+        group (ProcessGroup | None): the ring; None is the default group (the whole world).
+        backend (AttentionBackend): local attention + merge (the kernels' in
+            :mod:`kernels.sequence_parallel`).
 
     Returns:
         ``out [b, S / P, h, d]`` in q's dtype, or ``(out, lse [b, h, S / P] fp32, None)`` with

@@ -133,8 +133,7 @@ class USPAttention(SequenceParallelAttention):
 
         Args:
             q: ``[b, S / P, h, d]``: this rank's shard of the queries, with the replicated rows (if
-            any)
-                at the start or the end.
+                any) at the start or the end.
             k: ``[b, S / P + num_replicated_kv_prefix, h_k, d]``: this rank's shard of the keys.
             v: ``[b, S / P + num_replicated_kv_prefix, h_k, d]``: this rank's shard of the values.
             attn_mask: sglang's padding mask; not supported here (must be None), kept in the
@@ -143,8 +142,8 @@ class USPAttention(SequenceParallelAttention):
                 module docstring); at most one of the three counts is non-zero.
             num_replicated_suffix: trailing rows of q, k and v that every rank holds whole.
             num_replicated_kv_prefix: leading rows of k and v only that every rank holds whole.
-            skip_sequence_parallel_override: this call only, as ``skip_sequence_parallel=True``:
-                q attends k/v ``[b, s_k, h_k, d]`` (any length) locally, and the counts are ignored,
+            skip_sequence_parallel_override: this call only, as ``skip_sequence_parallel=True``: q
+                attends k/v ``[b, s_k, h_k, d]`` (any length) locally, and the counts are ignored,
                 as in sglang. A single rank (SP size 1) does the same.
             return_softmax_lse: also return the LSE ``[b, S / P, h]`` (fp32).
 

@@ -6,6 +6,8 @@ against. All math runs in fp32 whatever the input dtype. Layout ``(batch, seq, h
 * :mod:`attn_ref.dense` - the formula itself, dense (:func:`~attn_ref.dense.attention`,
   :func:`~attn_ref.dense.visible`): what the rest computes faster.
 * :func:`flash_attn_with_kvcache` - sglang's FA3 KV-cache attention API.
+* :func:`flash_attn_func`, :func:`flash_attn_varlen_func`, :func:`flash_attn_qkvpacked_func` -
+  FA3's prefill and training entry points, differentiable.
 * Building blocks: :func:`attention_with_lse`, :class:`AttentionMask`, :func:`apply_rotary`,
   :func:`gather_cache` / :func:`paged_to_dense`, :func:`merge_attention_states` /
   :func:`combine_attention_states`, :func:`split_bounds`.
@@ -17,6 +19,7 @@ from . import dense
 from .attention import attention_with_lse
 from .backward import attention_backward
 from .call import KVCacheCall
+from .flash_attn import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 from .kvcache import flash_attn_with_kvcache
 from .masks import AttentionMask
 from .merge import combine_attention_states, merge_attention_states
@@ -35,6 +38,9 @@ __all__ = [
     "check_kvcache_args",
     "combine_attention_states",
     "dense",
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "gather_cache",
     "merge_attention_states",

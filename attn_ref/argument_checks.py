@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .call import FLOAT32_MAX, INT64_MAX
+from .call import FLOAT32_MAX, INT64_MAX, SUPPORTED_DTYPES
 
 
 def _require_tensor(name: str, x: object) -> None:
@@ -54,6 +54,15 @@ def _require_shape(name: str, x: torch.Tensor, shape: Sequence[int], layout: str
 def _require_dtype(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
     if x.dtype != dtype:
         raise ValueError(f"{name} must have dtype {dtype}, got {x.dtype}")
+
+
+def _require_supported_dtype(q: torch.Tensor) -> None:
+    """q's dtype is one the package computes: fp16, bf16, fp32 or fp8 e4m3
+    (:data:`~attn_ref.call.SUPPORTED_DTYPES`)."""
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(
+            f"q must have dtype float16, bfloat16, float32 or float8_e4m3fn, got {q.dtype}"
+        )
 
 
 def _require_float(name: str, x: torch.Tensor) -> None:

@@ -54,9 +54,10 @@ from .argument_checks import (
     _require_ndim,
     _require_real,
     _require_shape,
+    _require_supported_dtype,
     _require_tensor,
 )
-from .call import MAX_NUM_SPLITS, SUPPORTED_DTYPES, KVCacheCall, output_dtype, resolve_call
+from .call import MAX_NUM_SPLITS, KVCacheCall, output_dtype, resolve_call
 from .layout_hint import check_heads_first
 from .masks import AttentionMask
 from .overlap import _all_offsets, _require_unshared, _require_writable, _storage_starts
@@ -221,10 +222,7 @@ def _check_only_qv(only_qv: bool, qv) -> None:
 
 def _check_dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     """q has a supported dtype; each cache is on q's device, has q's dtype and 4 dimensions."""
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(
-            f"q must have dtype float16, bfloat16, float32 or float8_e4m3fn, got {q.dtype}"
-        )
+    _require_supported_dtype(q)
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         _require_device(name, x, q.device)
         _require_dtype(name, x, q.dtype)

@@ -1,0 +1,443 @@
+"""FlashAttention-3's prefill and training entry points on the reference, with gradients.
+
+:func:`flash_attn_func` (batched ``q (b, s_q, h, d)``, ``k``/``v (b, s_k, h_k, d|d_v)``),
+:func:`flash_attn_varlen_func` (packed sequences: ``q (total_q, h, d)``, ``k``/``v (total_k,
+h_k, d|d_v)`` with ``cu_seqlens_q``/``cu_seqlens_k``, optionally only the first
+``seqused_q``/``seqused_k`` tokens of each sequence) and :func:`flash_attn_qkvpacked_func` (q, k
+and v stacked in one tensor) take FA3's arguments (``hopper/flash_attn_interface.py``) in FA3's
+order with FA3's defaults.
+
+Every entry point reduces to one computation on the packed layout: a list of sequences, each a
+range of query rows and a range of keys, attended on its own with
+:func:`~attn_ref.attention.attention_with_lse` (fp32 math, bounded memory, FA3's bottom-right
+aligned masks per sequence). The autograd function :class:`_PackedAttention` saves ``out`` and the
+LSE and differentiates with :func:`~attn_ref.backward.attention_backward`, one sequence at a time
+(the gradient of the LSE, when the caller uses it, flows too; FA3's backward drops it). Per
+sequence, with ``D_i = dO_i · out_i - dlse_i`` (:mod:`attn_ref.backward`), the sink logit of head
+``h`` (a logit with no value) gets ``dsink_h = -Σ_i e^{sink_h - lse_ih} D_ih``.
+
+The reference is deterministic: the same call gives bitwise-equal outputs and gradients, whatever
+``deterministic`` says. Not differentiable here, and refused at the forward when an input requires
+grad: ``qv``. Not implemented: fp8 inputs (``q_descale``, ``k_descale``, ``v_descale`` are read
+only for fp8, as in FA3). ``num_splits``, ``pack_gqa`` and ``sm_margin`` only tune FA3's kernels:
+accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .argument_checks import (
+    _default_scale,
+    _flag,
+    _require_cu_seqlens,
+    _require_device,
+    _require_dtype,
+    _require_float,
+    _require_heads_divide,
+    _require_index_range,
+    _require_int,
+    _require_int32_vector,
+    _require_ndim,
+    _require_real,
+    _require_shape,
+    _require_supported_dtype,
+    _require_tensor,
+)
+from .attention import attention_with_lse
+from .backward import attention_backward
+from .error_notes import catalogued
+from .masks import AttentionMask
+
+
+@catalogued
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    qv: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+):
+    """Attention of a batch of equal-length sequences, differentiable: FA3's ``flash_attn_func``.
+
+    FA3's signature, order and defaults. Row ``i`` of a sequence sees key ``j`` by FA3's masks,
+    bottom-right aligned (row ``i`` sits at key position ``i + s_k - s_q``; a row that sees no key
+    gives ``out = 0``, ``lse = -inf``); GQA: query head ``head`` reads KV head
+    ``head // (h / h_k)``. Gradients flow to q, k and v, and through the LSE when it is returned
+    and used (the module docstring).
+
+    Args:
+        q: ``(b, s_q, h, d)``, float16, bfloat16 or float32 (fp8: ``NotImplementedError``).
+        k: ``(b, s_k, h_k, d)``, q's dtype, ``h_k`` divides ``h``.
+        v: ``(b, s_k, h_k, d_v)``, q's dtype.
+        softmax_scale: factor of ``q·k``; default ``(d + d_qv) ** -0.5``.
+        causal: bottom-right aligned causal mask.
+        qv: ``(b, s_q, h, d_v)``: adds ``qv·v`` to the scores (MLA). Forward only: refused when an
+            input requires grad (``NotImplementedError``).
+        q_descale: fp8 factor of q; read only for fp8 inputs (as FA3), which are not implemented.
+        k_descale: fp8 factor of k, likewise.
+        v_descale: fp8 factor of v, likewise.
+        window_size: ``(left, right)`` keys visible around each row's position; -1 is unbounded.
+        attention_chunk: keys only from the row's own chunk of this size (0: off).
+        softcap: logits ``softcap * tanh(scale * s / softcap)`` before masking (0: off).
+        num_splits: FA3's KV splits; accepted, no effect here (the result is the same).
+        pack_gqa: FA3's query-head packing switch; accepted, no effect here.
+        deterministic: FA3's deterministic backward; the reference is always deterministic.
+        sm_margin: SMs FA3 leaves free; accepted, no effect here.
+        return_attn_probs: also return the LSE (FA3 returns no probabilities either).
+
+    Returns:
+        ``out (b, s_q, h, d_v)`` in q's dtype, or ``(out, softmax_lse)`` with
+        ``return_attn_probs``, ``softmax_lse (b, h, s_q)`` fp32 (natural log).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, x)
+        _require_ndim(name, x, 4, "(batch, seqlen, heads, head_dim)")
+    _check_inputs(q, k, v, qv)
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    _require_shape("k", k, (b, sk, k.shape[2], d), "(batch, seqlen_k, h_k, d)")
+    _require_shape("v", v, (b, sk, k.shape[2], v.shape[-1]), "(batch, seqlen_k, h_k, d_v)")
+    _require_heads_divide(h, k.shape[2])
+    if qv is not None:
+        _require_shape("qv", qv, (b, sq, h, v.shape[-1]), "(batch, seqlen_q, h, d_v)")
+    sequences = [(i * sq, sq, i * sk, sk) for i in range(b)]
+    out, lse = _attend(
+        q.flatten(0, 1),
+        k.flatten(0, 1),
+        v.flatten(0, 1),
+        None if qv is None else qv.flatten(0, 1),
+        None,
+        sequences,
+        softmax_scale,
+        causal,
+        window_size,
+        attention_chunk,
+        softcap,
+    )
+    out = out.unflatten(0, (b, sq))
+    if _flag("return_attn_probs", return_attn_probs):
+        return out, lse.unflatten(1, (b, sq)).transpose(0, 1).contiguous()
+    return out
+
+
+@catalogued
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    qv: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    sinks: Optional[torch.Tensor] = None,
+    return_softmax_lse: bool = False,
+):
+    """Attention of packed sequences of different lengths, differentiable: FA3's
+    ``flash_attn_varlen_func``.
+
+    FA3's signature, order and defaults, plus two keywords of sglang's function of the same name
+    (``sgl_kernel.flash_attn.flash_attn_varlen_func``), keyword-only: sglang puts ``page_table``
+    after ``seqused_k`` and ``only_qv`` before ``sm_margin``, so its positional order differs from
+    FA3's past ``seqused_k`` (pass those arguments by keyword to call either). sglang's other
+    keywords (``page_table``, ``only_qv``, ``score_mod``, ``aux_tensors``, ``ver``, ``out``) are
+    not taken.
+
+    Sequence ``i`` is the query rows ``cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1`` and the keys
+    ``cu_seqlens_k[i] .. cu_seqlens_k[i + 1] - 1``; with ``seqused_q`` / ``seqused_k`` only the
+    first ``seqused_q[i]`` rows and ``seqused_k[i]`` keys of it take part (the masks are aligned on
+    those lengths). Rows past ``seqused_q[i]`` get ``out = 0``, ``lse = -inf`` and zero gradients
+    (FA3 leaves them unwritten: their values are undefined there); unused keys get zero gradients.
+
+    Args:
+        q: ``(total_q, h, d)``, float16, bfloat16 or float32 (fp8: ``NotImplementedError``).
+        k: ``(total_k, h_k, d)``, q's dtype, ``h_k`` divides ``h``.
+        v: ``(total_k, h_k, d_v)``, q's dtype.
+        cu_seqlens_q: ``(b + 1,)`` int32 offsets of the sequences in q: 0, ..., ``total_q``.
+        cu_seqlens_k: ``(b + 1,)`` int32 offsets of the sequences in k and v: 0, ..., ``total_k``.
+        max_seqlen_q: int; FA3 sizes its grid with it, the reference only checks that it is an int.
+        max_seqlen_k: int, likewise.
+        seqused_q: ``(b,)`` int32, the rows used of each sequence (at most its length), or None.
+        seqused_k: ``(b,)`` int32, the keys used of each sequence (at most its length), or None.
+        softmax_scale: as :func:`flash_attn_func`.
+        causal: as :func:`flash_attn_func`, per sequence.
+        qv: ``(total_q, h, d_v)``, as :func:`flash_attn_func` (forward only).
+        q_descale: as :func:`flash_attn_func`.
+        k_descale: as :func:`flash_attn_func`.
+        v_descale: as :func:`flash_attn_func`.
+        window_size: as :func:`flash_attn_func`, per sequence.
+        attention_chunk: as :func:`flash_attn_func`, per sequence.
+        softcap: as :func:`flash_attn_func`.
+        num_splits: accepted, no effect here.
+        pack_gqa: accepted, no effect here.
+        deterministic: the reference is always deterministic.
+        sm_margin: accepted, no effect here.
+        return_attn_probs: return ``(out, softmax_lse)`` (FA3).
+        sinks: ``(h,)`` sink logits (sglang): one more logit per head with no value, in the
+            denominator and the LSE; differentiable.
+        return_softmax_lse: return ``(out, softmax_lse, None, None)``: sglang's ``(out, lse,
+            *rest)``, whose split partials are None when no split ran (the reference does not
+            split). Takes precedence over ``return_attn_probs``.
+
+    Returns:
+        ``out (total_q, h, d_v)`` in q's dtype, with ``softmax_lse (h, total_q)`` fp32 as asked.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, x)
+        _require_ndim(name, x, 3, "(total_tokens, heads, head_dim)")
+    _check_inputs(q, k, v, qv)
+    total_q, h, d = q.shape
+    _require_shape("k", k, (k.shape[0], k.shape[1], d), "(total_k, h_k, d)")
+    _require_shape("v", v, (*k.shape[:2], v.shape[-1]), "(total_k, h_k, d_v)")
+    _require_heads_divide(h, k.shape[1])
+    if qv is not None:
+        _require_shape("qv", qv, (total_q, h, v.shape[-1]), "(total_q, h, d_v)")
+    if sinks is not None:
+        _require_tensor("sinks", sinks)
+        _require_device("sinks", sinks, q.device)
+        _require_float("sinks", sinks)
+        _require_shape("sinks", sinks, (h,), "(h,)")
+    sequences = _sequences(
+        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k
+    )
+    out, lse = _attend(
+        q,
+        k,
+        v,
+        qv,
+        sinks,
+        sequences,
+        softmax_scale,
+        causal,
+        window_size,
+        attention_chunk,
+        softcap,
+    )
+    if _flag("return_softmax_lse", return_softmax_lse):
+        return out, lse, None, None
+    if _flag("return_attn_probs", return_attn_probs):
+        return out, lse
+    return out
+
+
+@catalogued
+def flash_attn_qkvpacked_func(
+    qkv: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    num_heads_q: Optional[int] = None,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+):
+    """Self-attention of q, k and v stacked in one tensor, differentiable: FA3's
+    ``flash_attn_qkvpacked_func`` (signature, order and defaults); the gradient is that of
+    ``qkv`` as a whole.
+
+    Args:
+        qkv: ``(b, s, 3, h, d)`` (q, k, v along dim 2), or ``(b, s, h + 2 h_k, d)`` with
+            ``num_heads_q = h`` (the q heads, then the k heads, then the v heads: GQA).
+        softmax_scale: factor of ``q·k``; default ``d ** -0.5``.
+        causal: as :func:`flash_attn_func`.
+        q_descale: as :func:`flash_attn_func`.
+        k_descale: as :func:`flash_attn_func`.
+        v_descale: as :func:`flash_attn_func`.
+        window_size: as :func:`flash_attn_func`.
+        attention_chunk: as :func:`flash_attn_func`.
+        softcap: as :func:`flash_attn_func`.
+        deterministic: the reference is always deterministic.
+        num_heads_q: the query heads ``h`` of a 4-D ``qkv``; not read for a 5-D one.
+        sm_margin: accepted, no effect here.
+        return_attn_probs: return ``(out, softmax_lse)``.
+
+    Returns:
+        ``out (b, s, h, d)`` in qkv's dtype, or ``(out, softmax_lse (b, h, s))``.
+    """
+    _require_tensor("qkv", qkv)
+    if qkv.dim() == 5:
+        _require_shape("qkv", qkv, (*qkv.shape[:2], 3, *qkv.shape[3:]), "(batch, seqlen, 3, h, d)")
+        q, k, v = qkv.unbind(dim=2)
+    else:
+        _require_ndim("qkv", qkv, 4, "(batch, seqlen, h + 2 * h_k, d) with num_heads_q")
+        heads = qkv.shape[2]
+        h = None if num_heads_q is None else _require_int("num_heads_q", num_heads_q)
+        if h is None or not 0 < h < heads or (heads - h) % 2:
+            raise ValueError(
+                f"a 4-D qkv (batch, seqlen, h + 2 * h_k, d) needs num_heads_q = h with "
+                f"0 < h < {heads} and {heads} - h even (h_k key heads, then h_k value heads), "
+                f"got num_heads_q={num_heads_q!r}"
+            )
+        q, k, v = qkv.split([h, (heads - h) // 2, (heads - h) // 2], dim=2)
+    return flash_attn_func(
+        q,
+        k,
+        v,
+        softmax_scale,
+        causal,
+        None,
+        q_descale,
+        k_descale,
+        v_descale,
+        window_size,
+        attention_chunk,
+        softcap,
+        1,
+        None,
+        deterministic,
+        sm_margin,
+        return_attn_probs,
+    )
+
+
+def _check_inputs(q, k, v, qv) -> None:
+    """k, v (and qv) on q's device in q's dtype, a dtype the reference computes (fp8 is not
+    implemented here), and no gradient asked through ``qv``."""
+    _require_supported_dtype(q)
+    for name, x in (("k", k), ("v", v), ("qv", qv)):
+        if x is not None:
+            _require_tensor(name, x)
+            _require_device(name, x, q.device)
+            _require_dtype(name, x, q.dtype)
+    if q.dtype == torch.float8_e4m3fn:
+        raise NotImplementedError(
+            "fp8 inputs (float8_e4m3fn with q_descale / k_descale / v_descale) are not "
+            "implemented by the reference's flash_attn_func and flash_attn_varlen_func; pass "
+            "float16, bfloat16 or float32 tensors (or use flash_attn_with_kvcache, which takes fp8)"
+        )
+    if qv is not None and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, qv)):
+        raise NotImplementedError(
+            "qv has no backward in the reference: run the call under torch.no_grad() (or detach "
+            "q, k, v and qv) to compute it without gradients"
+        )
+
+
+def _sequences(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
+    """The varlen arguments, checked, as ``[(q_start, rows, k_start, keys)]`` per sequence."""
+    for name, cu, x in (("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_k", cu_seqlens_k, k)):
+        _require_tensor(name, cu)
+        _require_device(name, cu, q.device)
+        _require_cu_seqlens(name, cu, x.shape[0], f"{name[-1]}.shape[0]", read_values=True)
+    batch = cu_seqlens_q.shape[0] - 1
+    _require_shape("cu_seqlens_k", cu_seqlens_k, (batch + 1,), "(batch + 1,) offsets")
+    _require_int("max_seqlen_q", max_seqlen_q)
+    _require_int("max_seqlen_k", max_seqlen_k)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    lengths = []
+    used_args = (("seqused_q", seqused_q, starts_q), ("seqused_k", seqused_k, starts_k))
+    for name, used, starts in used_args:
+        full = [b - a for a, b in zip(starts, starts[1:])]
+        _require_int32_vector(name, used, batch, q.device)
+        if used is not None:
+            for i, (n, limit) in enumerate(zip(used.tolist(), full)):
+                _require_index_range(f"{name}[{i}]", [n], 0, limit + 1)
+        lengths.append(full if used is None else used.tolist())
+    return [(starts_q[i], lengths[0][i], starts_k[i], lengths[1][i]) for i in range(batch)]
+
+
+def _attend(q, k, v, qv, sinks, sequences, softmax_scale, causal, window_size, chunk, softcap):
+    """The checked options, then :class:`_PackedAttention`: ``out (total_q, h, d_v)`` in q's dtype
+    and ``lse (h, total_q)`` fp32."""
+    mask = AttentionMask(causal, window_size, chunk)
+    if softmax_scale is None:
+        dims = q.shape[-1] + (0 if qv is None else qv.shape[-1])
+        softmax_scale = _default_scale("d + d_qv" if qv is not None else "d", dims)
+    scale = _require_real("softmax_scale", softmax_scale)
+    cap = _require_real("softcap", softcap)
+    return _PackedAttention.apply(q, k, v, qv, sinks, sequences, scale, mask, cap)
+
+
+class _PackedAttention(torch.autograd.Function):
+    """Attention of packed sequences (``sequences``: ``[(q_start, rows, k_start, keys)]``), forward
+    by :func:`~attn_ref.attention.attention_with_lse` and backward by
+    :func:`~attn_ref.backward.attention_backward`, one sequence at a time. ``qv`` gets no gradient
+    (the callers refuse it when one is asked)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, qv, sinks, sequences, scale, mask, softcap):
+        total_q, h = q.shape[:2]
+        out = torch.zeros(total_q, h, v.shape[-1], dtype=torch.float32, device=q.device)
+        lse = torch.full((h, total_q), float("-inf"), device=q.device)
+        for q0, rows, k0, keys in sequences:
+            out[q0 : q0 + rows], state_lse = attention_with_lse(
+                q[q0 : q0 + rows],
+                k[k0 : k0 + keys],
+                v[k0 : k0 + keys],
+                scale,
+                mask,
+                softcap,
+                None if qv is None else qv[q0 : q0 + rows],
+                sinks=sinks,
+            )
+            lse[:, q0 : q0 + rows] = state_lse.T
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.sequences, ctx.scale, ctx.mask, ctx.softcap = sequences, scale, mask, softcap
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dsinks = None if sinks is None else torch.zeros(sinks.shape, device=q.device)
+        for q0, rows, k0, keys in ctx.sequences:
+            r, n = slice(q0, q0 + rows), slice(k0, k0 + keys)
+            seq_lse = lse[None, :, r]  # (1, h, rows)
+            seq_dlse = None if dlse is None else dlse[None, :, r]
+            grads = attention_backward(
+                dout[None, r],
+                q[None, r],
+                k[None, n],
+                v[None, n],
+                out[None, r],
+                seq_lse,
+                ctx.scale,
+                ctx.mask,
+                seq_dlse,
+                softcap=ctx.softcap,
+            )
+            dq[r], dk[n], dv[n] = (g[0] for g in grads)
+            if dsinks is not None:
+                delta = (dout[r].float() * out[r].float()).sum(-1).T  # (h, rows)
+                if seq_dlse is not None:
+                    delta = delta - seq_dlse[0]
+                dsinks -= (torch.exp(sinks.float()[:, None] - seq_lse[0]) * delta).sum(-1)
+        if dsinks is not None:
+            dsinks = dsinks.to(sinks.dtype)
+        return dq, dk, dv, None, dsinks, None, None, None, None

@@ -235,7 +235,7 @@ def _split_states_kernel(
     stride_out,  # (split, batch, head, row) strides of out (unused axes: 0)
     stride_ls, stride_lb, stride_lh, stride_lt,  # lse: split, batch, head, row
     scales,  # (softmax_scale, softcap) fp32 (softcap only read with SOFTCAP)
-    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
+    mask,  # the mask group, AttentionMask.kernel_args() (unpacked in kernels.masks)
     has_sinks,  # 1: add the sink logit of each head (in split 0)
     num_splits,  # n: split s covers keys [s·ceil(s_k/n), (s+1)·ceil(s_k/n)) ∩ [0, s_k)
     HEADS: tl.constexpr,  # HeadLayout(H_K, G, D, DV)
@@ -375,7 +375,7 @@ def _attention_with_lse(
     rows,  # (BLOCK_M,) int32: query row i of each tile entry
     row_start, row_end,  # the tile's rows [row_start, row_end)
     seqlen_q, seqlen_k, k0, k1,  # the sequence's lengths; this split's keys [k0, k1)
-    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
+    mask,  # the mask group, AttentionMask.kernel_args() (unpacked in kernels.masks)
     softmax_scale, softcap,  # fp32 (softcap only read with SOFTCAP)
     # (BLOCK_M,) pointers to each entry's sink logit; (BLOCK_M,) bool; bool
     sink_ptrs, row_ok, add_sink,
@@ -422,7 +422,7 @@ def _attend_key_blocks(
     start, end,  # key range [start, end) to visit, in BLOCK_N steps
     diag,  # (BLOCK_M,) int32: i + s_k - s_q, the bottom-right diagonal of each row
     k1,  # int32: end of this split's keys
-    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
+    mask,  # the mask group, AttentionMask.kernel_args() (unpacked in kernels.masks)
     softmax_scale, softcap,  # fp32
     cache,  # (k_cache_ptr, v_cache_ptr, stride_kc, stride_vc, page_table_ptr, stride_table,
     #         page_size, cache_row, leftpad): the caches at this KV head (+ h·stride_h added),

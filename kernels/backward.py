@@ -204,7 +204,7 @@ def _dkdv_kernel(
     dk_ptr, stride_dk,  # [b, s_k, h_k, d] fp32 output
     dv_ptr, stride_dv,  # [b, s_k, h_k, d_v] fp32 output
     seqlen_q, seqlen_k, softmax_scale, softcap, nheads_k,
-    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
+    mask,  # the mask group, AttentionMask.kernel_args() (unpacked in kernels.masks)
     GROUP: tl.constexpr, SOFTCAP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     TILE: tl.constexpr,  # Tile(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV) (kernels.launch)
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,
@@ -259,7 +259,7 @@ def _dq_kernel(
     lse_ptr, delta_ptr,  # [b, h, s_q] fp32
     dq_ptr, stride_dq,  # [b, s_q, h, d] fp32 output
     seqlen_q, seqlen_k, softmax_scale, softcap, nheads,
-    mask,  # (window_left, window_right, chunk): the mask group (kernels.masks)
+    mask,  # the mask group, AttentionMask.kernel_args() (unpacked in kernels.masks)
     GROUP: tl.constexpr, SOFTCAP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     TILE: tl.constexpr,  # Tile(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV) (kernels.launch)
     DTYPE: tl.constexpr, PRECISION: tl.constexpr,

@@ -7,7 +7,8 @@ against. All math runs in fp32 whatever the input dtype. Layout ``(batch, seq, h
   :func:`~attn_ref.dense.visible`): what the rest computes faster.
 * :func:`flash_attn_with_kvcache` - sglang's FA3 KV-cache attention API.
 * :func:`flash_attn_func`, :func:`flash_attn_varlen_func`, :func:`flash_attn_qkvpacked_func` -
-  FA3's prefill and training entry points, differentiable.
+  FA3's prefill and training entry points, differentiable; :func:`flash_attn_combine`, FA3's
+  combine of split-KV partial states.
 * Building blocks: :func:`attention_with_lse`, :class:`AttentionMask`, :func:`apply_rotary`,
   :func:`gather_cache` / :func:`paged_to_dense`, :func:`merge_attention_states` /
   :func:`combine_attention_states`, :func:`split_bounds`.
@@ -19,7 +20,12 @@ from . import dense
 from .attention import attention_with_lse
 from .backward import attention_backward
 from .call import KVCacheCall
-from .flash_attn import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
+from .flash_attn import (
+    flash_attn_combine,
+    flash_attn_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+)
 from .kvcache import flash_attn_with_kvcache
 from .masks import AttentionMask
 from .merge import combine_attention_states, merge_attention_states
@@ -38,6 +44,7 @@ __all__ = [
     "check_kvcache_args",
     "combine_attention_states",
     "dense",
+    "flash_attn_combine",
     "flash_attn_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",

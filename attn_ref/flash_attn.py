@@ -5,7 +5,9 @@
 h_k, d|d_v)`` with ``cu_seqlens_q``/``cu_seqlens_k``, optionally only the first
 ``seqused_q``/``seqused_k`` tokens of each sequence) and :func:`flash_attn_qkvpacked_func` (q, k
 and v stacked in one tensor) take FA3's arguments (``hopper/flash_attn_interface.py``) in FA3's
-order with FA3's defaults.
+order with FA3's defaults. :func:`flash_attn_combine` folds FA3's split-KV partial states
+(``out_partial (n, b, s, h, d)``, ``lse_partial (n, b, s, h)``) with
+:func:`~attn_ref.merge.combine_attention_states`.
 
 Every entry point reduces to one computation on the packed layout: a list of sequences, each a
 range of query rows and a range of keys, attended on its own with
@@ -32,6 +34,7 @@ import torch
 from .argument_checks import (
     _default_scale,
     _flag,
+    _require_contiguous_last_dim,
     _require_cu_seqlens,
     _require_device,
     _require_dtype,
@@ -50,6 +53,7 @@ from .attention import attention_with_lse
 from .backward import attention_backward
 from .error_notes import catalogued
 from .masks import AttentionMask
+from .merge import check_state, combine_attention_states
 
 
 @catalogued
@@ -324,6 +328,76 @@ def flash_attn_qkvpacked_func(
         sm_margin,
         return_attn_probs,
     )
+
+
+@catalogued
+def flash_attn_combine(
+    out_partial: torch.Tensor,
+    lse_partial: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-KV partial states of FA3, combined: FA3's ``flash_attn_combine`` (signature,
+    order, defaults).
+
+    For each row (batch entry, query position, head) with partial states ``(o_s, lse_s)``,
+    ``s = 0..n-1``, over disjoint key sets::
+
+        lse = log Σ_s e^{lse_s}          out = Σ_s e^{lse_s - lse} o_s
+
+    folded in split order by :func:`~attn_ref.merge.combine_attention_states` (fp32; a row whose
+    partials are all ``-inf`` gives ``out = 0``, ``lse = -inf``; ``+inf`` reads as ``-inf``).
+    Arguments are checked by :func:`check_combine_args`, shared with
+    :func:`kernels.flash_attn_combine`. Unlike FA3, any float dtype, any strides and any
+    ``n >= 1`` are accepted, and ``out`` is always the tensor written (FA3 writes a new one when
+    ``head_dim`` is not a multiple of 4).
+
+    Args:
+        out_partial: ``(n, b, s, h, d)``: the partial outputs.
+        lse_partial: ``(n, b, s, h)``: their natural-log LSEs.
+        out: ``(b, s, h, d)`` of dtype ``out_dtype``, written and returned; default: a new tensor.
+        out_dtype: float32 (default), float16 or bfloat16.
+
+    Returns:
+        ``(out (b, s, h, d), softmax_lse (b, s, h))``: ``out`` in ``out_dtype``; ``softmax_lse``
+        fp32, a ``(b, s, h)`` view of ``(b, h, s)`` memory, as FA3 returns it.
+    """
+    out_dtype = check_combine_args(out_partial, lse_partial, out, out_dtype)
+    merged, lse = combine_attention_states(out_partial, lse_partial)
+    return combined_to_caller(merged, lse, out, out_dtype)
+
+
+def check_combine_args(out_partial, lse_partial, out, out_dtype) -> torch.dtype:
+    """The arguments of :func:`flash_attn_combine`, for both implementations: the states
+    ``out_partial (n, b, s, h, d)`` and ``lse_partial (n, b, s, h)``
+    (:func:`~attn_ref.merge.check_state`; ``n >= 1`` is checked by the fold,
+    :func:`~attn_ref.merge.check_combine_states`), ``out_dtype`` one of FA3's output dtypes, and
+    ``out``, when given, ``(b, s, h, d)`` in that dtype with a contiguous last dim. Returns the
+    output dtype (``out_dtype``, default float32)."""
+    _require_tensor("out_partial", out_partial)
+    _require_ndim("out_partial", out_partial, 5, "(num_splits, batch, seqlen, heads, head_dim)")
+    check_state("out_partial", out_partial, "lse_partial", lse_partial)
+    out_dtype = torch.float32 if out_dtype is None else out_dtype
+    if out_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"Output type must be FP32, FP16 or BF16, got {out_dtype!r}")
+    if out is not None:
+        _require_tensor("out", out)
+        _require_dtype("out", out, out_dtype)
+        _require_contiguous_last_dim("out", out)
+        shape = out_partial.shape[1:]
+        _require_shape("out", out, shape, "(batch, seqlen, heads, head_dim)")
+    return out_dtype
+
+
+def combined_to_caller(merged, lse, out, out_dtype):
+    """The combined state ``merged (b, s, h, d)``, ``lse (b, s, h)`` (fp32) in FA3's return
+    layout: ``out`` (written when given) in ``out_dtype`` and the LSE as a ``(b, s, h)`` view of
+    contiguous ``(b, h, s)`` memory."""
+    if out is None:
+        out = merged.to(out_dtype)
+    else:
+        out.copy_(merged)
+    return out, lse.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def _check_inputs(q, k, v, qv) -> None:

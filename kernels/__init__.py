@@ -11,12 +11,14 @@
   (as ``ATTN_REF_HOST_CHECKS=0`` does).
 * :func:`merge_attention_states` / :func:`combine_attention_states` - the LSE ⊕ of two / ``n``
   attention states (split-KV combine, ring attention), like :func:`attn_ref.merge_attention_states`.
+* :func:`flash_attn_combine` - FA3's combine of split-KV partial states, like
+  :func:`attn_ref.flash_attn_combine` (same checks, same return layout).
 * :func:`attention_backward` - the gradients of attention from its saved output and LSE (FA2-style
   dK/dV and dQ kernels), like :func:`attn_ref.attention_backward`.
 
 Modules mirror the reference: :mod:`kernels.kvcache` (the launcher), :mod:`kernels.append`,
-:mod:`kernels.attention`, :mod:`kernels.backward`, :mod:`kernels.merge`, :mod:`kernels.paged`,
-:mod:`kernels.rotary`,
+:mod:`kernels.attention`, :mod:`kernels.backward`, :mod:`kernels.flash_attn`, :mod:`kernels.merge`,
+:mod:`kernels.paged`, :mod:`kernels.rotary`,
 :mod:`kernels.splits`, :mod:`kernels.host_checks`. On a CPU they run through Triton's interpreter
 (``TRITON_INTERPRET=1``, set
 before import; bf16 is computed in fp32 there, see :mod:`kernels.launch`). Performance has been
@@ -24,9 +26,10 @@ designed for Hopper (H100/H200) but is only as measured in ``benchmarks/results/
 """
 
 from .backward import attention_backward
+from .flash_attn import flash_attn_combine
 from .host_checks import no_host_checks
 from .kvcache import flash_attn_with_kvcache
 from .merge import combine_attention_states, merge_attention_states
 
-__all__ = ["attention_backward", "combine_attention_states", "flash_attn_with_kvcache",
-           "merge_attention_states", "no_host_checks"]
+__all__ = ["attention_backward", "combine_attention_states", "flash_attn_combine",
+           "flash_attn_with_kvcache", "merge_attention_states", "no_host_checks"]

@@ -50,7 +50,7 @@ from .argument_checks import (
     _require_tensor,
 )
 from .attention import attention_with_lse
-from .backward import attention_backward
+from .backward import _preprocess, attention_backward
 from .error_notes import catalogued
 from .masks import AttentionMask
 from .merge import check_state, combine_attention_states
@@ -508,9 +508,9 @@ class _PackedAttention(torch.autograd.Function):
             )
             dq[r], dk[n], dv[n] = (g[0] for g in grads)
             if dsinks is not None:
-                delta = (dout[r].float() * out[r].float()).sum(-1).T  # (h, rows)
-                if seq_dlse is not None:
-                    delta = delta - seq_dlse[0]
+                # D = dO · out - dlse per row and head, the backward's row term: (h, rows)
+                row_dlse = None if seq_dlse is None else seq_dlse[0].T
+                delta = _preprocess(out[r].float(), dout[r].float(), row_dlse).T
                 dsinks -= (torch.exp(sinks.float()[:, None] - seq_lse[0]) * delta).sum(-1)
         if dsinks is not None:
             dsinks = dsinks.to(sinks.dtype)

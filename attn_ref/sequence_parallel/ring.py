@@ -38,7 +38,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..error_notes import catalogued
-from ..masks import AttentionMask
+from ..masks import CAUSAL, NO_MASK, AttentionMask
 from .agreement import describe, run_checks_on_every_rank
 from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import check_4d, check_attention_inputs, check_tensors, check_zigzag_rows
@@ -68,7 +68,7 @@ class _Block:
     @property
     def mask(self) -> AttentionMask:
         """The block's mask: causal on the diagonal square, none otherwise."""
-        return AttentionMask(causal=self.causal)
+        return CAUSAL if self.causal else NO_MASK
 
 
 def block_chunks(

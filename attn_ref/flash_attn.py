@@ -27,7 +27,7 @@ accepted and ignored.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -108,35 +108,11 @@ def flash_attn_func(
         ``out (b, s_q, h, d_v)`` in q's dtype, or ``(out, softmax_lse)`` with
         ``return_attn_probs``, ``softmax_lse (b, h, s_q)`` fp32 (natural log).
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _require_tensor(name, x)
-        _require_ndim(name, x, 4, "(batch, seqlen, heads, head_dim)")
-    _check_inputs(q, k, v, qv)
-    b, sq, h, d = q.shape
-    sk = k.shape[1]
-    _require_shape("k", k, (b, sk, k.shape[2], d), "(batch, seqlen_k, h_k, d)")
-    _require_shape("v", v, (b, sk, k.shape[2], v.shape[-1]), "(batch, seqlen_k, h_k, d_v)")
-    _require_heads_divide(h, k.shape[2])
-    if qv is not None:
-        _require_shape("qv", qv, (b, sq, h, v.shape[-1]), "(batch, seqlen_q, h, d_v)")
-    sequences = [(i * sq, sq, i * sk, sk) for i in range(b)]
-    out, lse = _attend(
-        q.flatten(0, 1),
-        k.flatten(0, 1),
-        v.flatten(0, 1),
-        None if qv is None else qv.flatten(0, 1),
-        None,
-        sequences,
-        softmax_scale,
-        causal,
-        window_size,
-        attention_chunk,
-        softcap,
+    call = resolve_func_call(
+        q, k, v, softmax_scale, causal, qv, window_size, attention_chunk, softcap
     )
-    out = out.unflatten(0, (b, sq))
-    if _flag("return_attn_probs", return_attn_probs):
-        return out, lse.unflatten(1, (b, sq)).transpose(0, 1).contiguous()
-    return out
+    out, lse = _PackedAttention.apply(*call.inputs())
+    return func_result(call, out, lse, return_attn_probs)
 
 
 @catalogued
@@ -217,42 +193,26 @@ def flash_attn_varlen_func(
     Returns:
         ``out (total_q, h, d_v)`` in q's dtype, with ``softmax_lse (h, total_q)`` fp32 as asked.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _require_tensor(name, x)
-        _require_ndim(name, x, 3, "(total_tokens, heads, head_dim)")
-    _check_inputs(q, k, v, qv)
-    total_q, h, d = q.shape
-    _require_shape("k", k, (k.shape[0], k.shape[1], d), "(total_k, h_k, d)")
-    _require_shape("v", v, (*k.shape[:2], v.shape[-1]), "(total_k, h_k, d_v)")
-    _require_heads_divide(h, k.shape[1])
-    if qv is not None:
-        _require_shape("qv", qv, (total_q, h, v.shape[-1]), "(total_q, h, d_v)")
-    if sinks is not None:
-        _require_tensor("sinks", sinks)
-        _require_device("sinks", sinks, q.device)
-        _require_float("sinks", sinks)
-        _require_shape("sinks", sinks, (h,), "(h,)")
-    sequences = _sequences(
-        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k
-    )
-    out, lse = _attend(
+    call = resolve_varlen_call(
         q,
         k,
         v,
-        qv,
-        sinks,
-        sequences,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        seqused_q,
+        seqused_k,
         softmax_scale,
         causal,
+        qv,
         window_size,
         attention_chunk,
         softcap,
+        sinks,
     )
-    if _flag("return_softmax_lse", return_softmax_lse):
-        return out, lse, None, None
-    if _flag("return_attn_probs", return_attn_probs):
-        return out, lse
-    return out
+    out, lse = _PackedAttention.apply(*call.inputs())
+    return varlen_result(out, lse, return_attn_probs, return_softmax_lse)
 
 
 @catalogued
@@ -294,21 +254,7 @@ def flash_attn_qkvpacked_func(
     Returns:
         ``out (b, s, h, d)`` in qkv's dtype, or ``(out, softmax_lse (b, h, s))``.
     """
-    _require_tensor("qkv", qkv)
-    if qkv.dim() == 5:
-        _require_shape("qkv", qkv, (*qkv.shape[:2], 3, *qkv.shape[3:]), "(batch, seqlen, 3, h, d)")
-        q, k, v = qkv.unbind(dim=2)
-    else:
-        _require_ndim("qkv", qkv, 4, "(batch, seqlen, h + 2 * h_k, d) with num_heads_q")
-        heads = qkv.shape[2]
-        h = None if num_heads_q is None else _require_int("num_heads_q", num_heads_q)
-        if h is None or not 0 < h < heads or (heads - h) % 2:
-            raise ValueError(
-                f"a 4-D qkv (batch, seqlen, h + 2 * h_k, d) needs num_heads_q = h with "
-                f"0 < h < {heads} and {heads} - h even (h_k key heads, then h_k value heads), "
-                f"got num_heads_q={num_heads_q!r}"
-            )
-        q, k, v = qkv.split([h, (heads - h) // 2, (heads - h) // 2], dim=2)
+    q, k, v = split_qkvpacked(qkv, num_heads_q)
     return flash_attn_func(
         q,
         k,
@@ -400,6 +346,141 @@ def combined_to_caller(merged, lse, out, out_dtype):
     return out, lse.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+class PackedCall(NamedTuple):
+    """One call of the entry points, checked and reduced to packed sequences: what both
+    implementations compute (:class:`_PackedAttention` here, its twin in
+    :mod:`kernels.flash_attn`).
+
+    ``q (total_q, h, d)``, ``k (total_k, h_k, d)``, ``v (total_k, h_k, d_v)``, ``qv (total_q, h,
+    d_v)`` or None, ``sinks (h,)`` or None; ``sequences`` lists ``(q_start, rows, k_start, keys)``
+    per sequence (the rows and keys that take part); ``softmax_scale`` and ``softcap`` are floats,
+    ``mask`` the :class:`~attn_ref.masks.AttentionMask` of ``causal``, ``window_size`` and
+    ``attention_chunk``; ``batch_shape`` is ``(b, s_q)`` for :func:`flash_attn_func` (its output
+    is unflattened to it), None for packed inputs."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    qv: Optional[torch.Tensor]
+    sinks: Optional[torch.Tensor]
+    sequences: list[tuple[int, int, int, int]]
+    softmax_scale: float
+    mask: AttentionMask
+    softcap: float
+    batch_shape: Optional[tuple[int, int]]
+
+    def inputs(self) -> tuple:
+        """The arguments of :class:`_PackedAttention` (and of its kernel twin), in order."""
+        return self[:9]
+
+
+def resolve_func_call(
+    q, k, v, softmax_scale, causal, qv, window_size, attention_chunk, softcap
+) -> PackedCall:
+    """:func:`flash_attn_func`'s arguments, checked, as a :class:`PackedCall`: batch entry ``i``
+    is the rows ``i s_q ..`` of the flattened q and the keys ``i s_k ..`` of the flattened k."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, x)
+        _require_ndim(name, x, 4, "(batch, seqlen, heads, head_dim)")
+    _check_inputs(q, k, v, qv)
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    _require_shape("k", k, (b, sk, k.shape[2], d), "(batch, seqlen_k, h_k, d)")
+    _require_shape("v", v, (b, sk, k.shape[2], v.shape[-1]), "(batch, seqlen_k, h_k, d_v)")
+    _require_heads_divide(h, k.shape[2])
+    if qv is not None:
+        _require_shape("qv", qv, (b, sq, h, v.shape[-1]), "(batch, seqlen_q, h, d_v)")
+    return PackedCall(
+        q.flatten(0, 1),
+        k.flatten(0, 1),
+        v.flatten(0, 1),
+        None if qv is None else qv.flatten(0, 1),
+        None,
+        [(i * sq, sq, i * sk, sk) for i in range(b)],
+        *_options(q, qv, softmax_scale, causal, window_size, attention_chunk, softcap),
+        (b, sq),
+    )
+
+
+def resolve_varlen_call(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    seqused_q,
+    seqused_k,
+    softmax_scale,
+    causal,
+    qv,
+    window_size,
+    attention_chunk,
+    softcap,
+    sinks,
+) -> PackedCall:
+    """:func:`flash_attn_varlen_func`'s arguments, checked, as a :class:`PackedCall`."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, x)
+        _require_ndim(name, x, 3, "(total_tokens, heads, head_dim)")
+    _check_inputs(q, k, v, qv)
+    total_q, h, d = q.shape
+    _require_shape("k", k, (k.shape[0], k.shape[1], d), "(total_k, h_k, d)")
+    _require_shape("v", v, (*k.shape[:2], v.shape[-1]), "(total_k, h_k, d_v)")
+    _require_heads_divide(h, k.shape[1])
+    if qv is not None:
+        _require_shape("qv", qv, (total_q, h, v.shape[-1]), "(total_q, h, d_v)")
+    if sinks is not None:
+        _require_tensor("sinks", sinks)
+        _require_device("sinks", sinks, q.device)
+        _require_float("sinks", sinks)
+        _require_shape("sinks", sinks, (h,), "(h,)")
+    sequences = _sequences(
+        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k
+    )
+    options = _options(q, qv, softmax_scale, causal, window_size, attention_chunk, softcap)
+    return PackedCall(q, k, v, qv, sinks, sequences, *options, None)
+
+
+def split_qkvpacked(qkv, num_heads_q) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`flash_attn_qkvpacked_func`'s ``qkv``, checked, as views ``(q, k, v)``."""
+    _require_tensor("qkv", qkv)
+    if qkv.dim() == 5:
+        _require_shape("qkv", qkv, (*qkv.shape[:2], 3, *qkv.shape[3:]), "(batch, seqlen, 3, h, d)")
+        return qkv.unbind(dim=2)
+    _require_ndim("qkv", qkv, 4, "(batch, seqlen, h + 2 * h_k, d) with num_heads_q")
+    heads = qkv.shape[2]
+    h = None if num_heads_q is None else _require_int("num_heads_q", num_heads_q)
+    if h is None or not 0 < h < heads or (heads - h) % 2:
+        raise ValueError(
+            f"a 4-D qkv (batch, seqlen, h + 2 * h_k, d) needs num_heads_q = h with "
+            f"0 < h < {heads} and {heads} - h even (h_k key heads, then h_k value heads), "
+            f"got num_heads_q={num_heads_q!r}"
+        )
+    return qkv.split([h, (heads - h) // 2, (heads - h) // 2], dim=2)
+
+
+def func_result(call: PackedCall, out, lse, return_attn_probs):
+    """:func:`flash_attn_func`'s return value from the packed ``out (b s_q, h, d_v)`` and ``lse
+    (h, b s_q)``: ``out (b, s_q, h, d_v)``, with ``return_attn_probs`` also ``lse (b, h, s_q)``."""
+    out = out.unflatten(0, call.batch_shape)
+    if _flag("return_attn_probs", return_attn_probs):
+        return out, lse.unflatten(1, call.batch_shape).transpose(0, 1).contiguous()
+    return out
+
+
+def varlen_result(out, lse, return_attn_probs, return_softmax_lse):
+    """:func:`flash_attn_varlen_func`'s return value: ``out``, ``(out, lse)`` (FA3's
+    ``return_attn_probs``) or sglang's ``(out, lse, None, None)`` (``return_softmax_lse``, which
+    takes precedence)."""
+    if _flag("return_softmax_lse", return_softmax_lse):
+        return out, lse, None, None
+    if _flag("return_attn_probs", return_attn_probs):
+        return out, lse
+    return out
+
+
 def _check_inputs(q, k, v, qv) -> None:
     """k, v (and qv) on q's device in q's dtype, a dtype the reference computes (fp8 is not
     implemented here), and no gradient asked through ``qv``."""
@@ -445,16 +526,15 @@ def _sequences(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seq
     return [(starts_q[i], lengths[0][i], starts_k[i], lengths[1][i]) for i in range(batch)]
 
 
-def _attend(q, k, v, qv, sinks, sequences, softmax_scale, causal, window_size, chunk, softcap):
-    """The checked options, then :class:`_PackedAttention`: ``out (total_q, h, d_v)`` in q's dtype
-    and ``lse (h, total_q)`` fp32."""
+def _options(q, qv, softmax_scale, causal, window_size, chunk, softcap):
+    """The checked scalar options: ``(softmax_scale, mask, softcap)``, the scale defaulting to
+    ``(d + d_qv) ** -0.5``."""
     mask = AttentionMask(causal, window_size, chunk)
     if softmax_scale is None:
         dims = q.shape[-1] + (0 if qv is None else qv.shape[-1])
         softmax_scale = _default_scale("d + d_qv" if qv is not None else "d", dims)
     scale = _require_real("softmax_scale", softmax_scale)
-    cap = _require_real("softcap", softcap)
-    return _PackedAttention.apply(q, k, v, qv, sinks, sequences, scale, mask, cap)
+    return scale, mask, _require_real("softcap", softcap)
 
 
 class _PackedAttention(torch.autograd.Function):

@@ -184,6 +184,14 @@ def _default_scale(what: str, dims: int) -> float:
     return dims ** (-0.5)
 
 
+def _require_max_seqlen(name: str, x, cu_name: str) -> int:
+    """The host-side longest length that comes with packed offsets ``cu_name``: given (FA3's
+    ``mha_fwd`` check, in its words), an int (:func:`_require_int`)."""
+    if x is None:
+        raise ValueError(f"{name} must be provided if {cu_name} is provided")
+    return _require_int(name, x)
+
+
 def _require_int(name: str, x) -> int:
     """An int argument (Python / numpy int or integer 1-element tensor; not a bool)."""
     value = _int64(x)

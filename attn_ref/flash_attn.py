@@ -18,6 +18,10 @@ LSE and differentiates with :func:`~attn_ref.backward.attention_backward`, one s
 sequence, with ``D_i = dO_i · out_i - dlse_i`` (:mod:`attn_ref.backward`), the sink logit of head
 ``h`` (a logit with no value) gets ``dsink_h = -Σ_i e^{sink_h - lse_ih} D_ih``.
 
+The arguments are checked in FA3's order, in FA3's words where FA3 checks the same condition
+(:mod:`attn_ref.fa3_checks`; ``mha_fwd`` for the attention entry points, ``mha_combine`` for
+:func:`flash_attn_combine`), then the values of the varlen offsets and lengths.
+
 The reference is deterministic: the same call gives bitwise-equal outputs and gradients, whatever
 ``deterministic`` says. Not differentiable here, and refused at the forward when an input requires
 grad: ``qv``. Not implemented: fp8 inputs (``q_descale``, ``k_descale``, ``v_descale`` are read
@@ -34,24 +38,24 @@ import torch
 from .argument_checks import (
     _default_scale,
     _flag,
-    _require_contiguous_last_dim,
     _require_cu_seqlens,
-    _require_device,
     _require_dtype,
-    _require_float,
-    _require_heads_divide,
     _require_index_range,
     _require_int,
-    _require_int32_vector,
     _require_ndim,
     _require_real,
     _require_shape,
-    _require_supported_dtype,
     _require_tensor,
 )
 from .attention import attention_with_lse
 from .backward import _preprocess, attention_backward
 from .error_notes import catalogued
+from .fa3_checks import (
+    _check_output_contiguous,
+    _check_shape,
+    check_func_inputs,
+    check_varlen_inputs,
+)
 from .masks import AttentionMask
 from .merge import check_state, combine_attention_states
 
@@ -314,24 +318,37 @@ def flash_attn_combine(
 
 
 def check_combine_args(out_partial, lse_partial, out, out_dtype) -> torch.dtype:
-    """The arguments of :func:`flash_attn_combine`, for both implementations: the states
-    ``out_partial (n, b, s, h, d)`` and ``lse_partial (n, b, s, h)``
-    (:func:`~attn_ref.merge.check_state`; ``n >= 1`` is checked by the fold,
+    """The arguments of :func:`flash_attn_combine`, for both implementations, in the order of FA3's
+    ``mha_combine`` and in its words where it checks the same condition
+    (:mod:`attn_ref.fa3_checks`): the states ``out_partial (n, b, s, h, d)`` and ``lse_partial (n,
+    b, s, h)``, floating point on one device (:func:`~attn_ref.merge.check_state`, where FA3 wants
+    fp32 on CUDA; ``n >= 1`` is checked by the fold,
     :func:`~attn_ref.merge.check_combine_states`), ``out_dtype`` one of FA3's output dtypes, and
     ``out``, when given, ``(b, s, h, d)`` in that dtype with a contiguous last dim. Returns the
     output dtype (``out_dtype``, default float32)."""
     _require_tensor("out_partial", out_partial)
-    _require_ndim("out_partial", out_partial, 5, "(num_splits, batch, seqlen, heads, head_dim)")
+    _require_tensor("lse_partial", lse_partial)
+    _check_shape(
+        out_partial.dim() == 5,
+        "out_partial",
+        "num_splits, batch_size, seqlen, num_heads, head_size_og",
+    )
+    _check_shape(
+        lse_partial.shape == out_partial.shape[:-1],
+        "lse_partial",
+        "num_splits, batch_size, seqlen, num_heads",
+    )
     check_state("out_partial", out_partial, "lse_partial", lse_partial)
     out_dtype = torch.float32 if out_dtype is None else out_dtype
     if out_dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"Output type must be FP32, FP16 or BF16, got {out_dtype!r}")
+        raise ValueError("Output type must be FP32, FP16 or BF16")
     if out is not None:
         _require_tensor("out", out)
         _require_dtype("out", out, out_dtype)
-        _require_contiguous_last_dim("out", out)
-        shape = out_partial.shape[1:]
-        _require_shape("out", out, shape, "(batch, seqlen, heads, head_dim)")
+        _check_output_contiguous(out)
+        _check_shape(
+            out.shape == out_partial.shape[1:], "out", "batch_size, seqlen, num_heads, head_size_og"
+        )
     return out_dtype
 
 
@@ -377,19 +394,12 @@ class PackedCall(NamedTuple):
 def resolve_func_call(
     q, k, v, softmax_scale, causal, qv, window_size, attention_chunk, softcap
 ) -> PackedCall:
-    """:func:`flash_attn_func`'s arguments, checked, as a :class:`PackedCall`: batch entry ``i``
-    is the rows ``i s_q ..`` of the flattened q and the keys ``i s_k ..`` of the flattened k."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _require_tensor(name, x)
-        _require_ndim(name, x, 4, "(batch, seqlen, heads, head_dim)")
-    _check_inputs(q, k, v, qv)
-    b, sq, h, d = q.shape
+    """:func:`flash_attn_func`'s arguments, checked (:func:`~attn_ref.fa3_checks.check_func_inputs`,
+    then the options), as a :class:`PackedCall`: batch entry ``i`` is the rows ``i s_q ..`` of the
+    flattened q and the keys ``i s_k ..`` of the flattened k."""
+    check_func_inputs(q, k, v, qv)
+    b, sq = q.shape[:2]
     sk = k.shape[1]
-    _require_shape("k", k, (b, sk, k.shape[2], d), "(batch, seqlen_k, h_k, d)")
-    _require_shape("v", v, (b, sk, k.shape[2], v.shape[-1]), "(batch, seqlen_k, h_k, d_v)")
-    _require_heads_divide(h, k.shape[2])
-    if qv is not None:
-        _require_shape("qv", qv, (b, sq, h, v.shape[-1]), "(batch, seqlen_q, h, d_v)")
     return PackedCall(
         q.flatten(0, 1),
         k.flatten(0, 1),
@@ -420,26 +430,24 @@ def resolve_varlen_call(
     softcap,
     sinks,
 ) -> PackedCall:
-    """:func:`flash_attn_varlen_func`'s arguments, checked, as a :class:`PackedCall`."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _require_tensor(name, x)
-        _require_ndim(name, x, 3, "(total_tokens, heads, head_dim)")
-    _check_inputs(q, k, v, qv)
-    total_q, h, d = q.shape
-    _require_shape("k", k, (k.shape[0], k.shape[1], d), "(total_k, h_k, d)")
-    _require_shape("v", v, (*k.shape[:2], v.shape[-1]), "(total_k, h_k, d_v)")
-    _require_heads_divide(h, k.shape[1])
-    if qv is not None:
-        _require_shape("qv", qv, (total_q, h, v.shape[-1]), "(total_q, h, d_v)")
-    if sinks is not None:
-        _require_tensor("sinks", sinks)
-        _require_device("sinks", sinks, q.device)
-        _require_float("sinks", sinks)
-        _require_shape("sinks", sinks, (h,), "(h,)")
-    sequences = _sequences(
-        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k
+    """:func:`flash_attn_varlen_func`'s arguments, checked
+    (:func:`~attn_ref.fa3_checks.check_varlen_inputs`, the options, then the values of the
+    offsets and lengths), as a :class:`PackedCall`."""
+    check_varlen_inputs(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        seqused_q,
+        seqused_k,
+        qv,
+        sinks,
     )
     options = _options(q, qv, softmax_scale, causal, window_size, attention_chunk, softcap)
+    sequences = _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     return PackedCall(q, k, v, qv, sinks, sequences, *options, None)
 
 
@@ -481,49 +489,25 @@ def varlen_result(out, lse, return_attn_probs, return_softmax_lse):
     return out
 
 
-def _check_inputs(q, k, v, qv) -> None:
-    """k, v (and qv) on q's device in q's dtype, a dtype the reference computes (fp8 is not
-    implemented here), and no gradient asked through ``qv``."""
-    _require_supported_dtype(q)
-    for name, x in (("k", k), ("v", v), ("qv", qv)):
-        if x is not None:
-            _require_tensor(name, x)
-            _require_device(name, x, q.device)
-            _require_dtype(name, x, q.dtype)
-    if q.dtype == torch.float8_e4m3fn:
-        raise NotImplementedError(
-            "fp8 inputs (float8_e4m3fn with q_descale / k_descale / v_descale) are not "
-            "implemented by the reference's flash_attn_func and flash_attn_varlen_func; pass "
-            "float16, bfloat16 or float32 tensors (or use flash_attn_with_kvcache, which takes fp8)"
-        )
-    if qv is not None and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, qv)):
-        raise NotImplementedError(
-            "qv has no backward in the reference: run the call under torch.no_grad() (or detach "
-            "q, k, v and qv) to compute it without gradients"
-        )
-
-
-def _sequences(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
-    """The varlen arguments, checked, as ``[(q_start, rows, k_start, keys)]`` per sequence."""
+def _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
+    """The varlen offsets and lengths (their dtypes and shapes checked by
+    :func:`~attn_ref.fa3_checks.check_varlen_inputs`), their values checked, as ``[(q_start, rows,
+    k_start, keys)]`` per sequence: each offsets tensor starts at 0, never decreases and ends at
+    its tensor's length; ``seqused_q[i]`` / ``seqused_k[i]`` lie within sequence ``i``'s length."""
     for name, cu, x in (("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_k", cu_seqlens_k, k)):
-        _require_tensor(name, cu)
-        _require_device(name, cu, q.device)
         _require_cu_seqlens(name, cu, x.shape[0], f"{name[-1]}.shape[0]", read_values=True)
-    batch = cu_seqlens_q.shape[0] - 1
-    _require_shape("cu_seqlens_k", cu_seqlens_k, (batch + 1,), "(batch + 1,) offsets")
-    _require_int("max_seqlen_q", max_seqlen_q)
-    _require_int("max_seqlen_k", max_seqlen_k)
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     lengths = []
     used_args = (("seqused_q", seqused_q, starts_q), ("seqused_k", seqused_k, starts_k))
     for name, used, starts in used_args:
         full = [b - a for a, b in zip(starts, starts[1:])]
-        _require_int32_vector(name, used, batch, q.device)
         if used is not None:
             for i, (n, limit) in enumerate(zip(used.tolist(), full)):
                 _require_index_range(f"{name}[{i}]", [n], 0, limit + 1)
         lengths.append(full if used is None else used.tolist())
-    return [(starts_q[i], lengths[0][i], starts_k[i], lengths[1][i]) for i in range(batch)]
+    return [
+        (starts_q[i], lengths[0][i], starts_k[i], lengths[1][i]) for i in range(len(starts_q) - 1)
+    ]
 
 
 def _options(q, qv, softmax_scale, causal, window_size, chunk, softcap):

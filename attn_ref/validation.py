@@ -49,8 +49,8 @@ from .argument_checks import (
     _require_float,
     _require_float32_finite,
     _require_heads_divide,
-    _require_int,
     _require_int32_vector,
+    _require_max_seqlen,
     _require_ndim,
     _require_real,
     _require_shape,
@@ -265,9 +265,7 @@ def _check_queries(
         return False, q.shape[1], q.shape[0]
     _require_tensor("cu_seqlens_q", cu_seqlens_q)
     _require_device("cu_seqlens_q", cu_seqlens_q, q.device)
-    if max_seqlen_q is None:
-        raise ValueError("max_seqlen_q must be provided if cu_seqlens_q is provided")
-    static_sq = _require_int("max_seqlen_q", max_seqlen_q)
+    static_sq = _require_max_seqlen("max_seqlen_q", max_seqlen_q, "cu_seqlens_q")
     _require_ndim("q", q, 3, "(total_q, h, d) when cu_seqlens_q is given")
     _require_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q.shape[0]", value_checks)
     return True, static_sq, cu_seqlens_q.shape[0] - 1

@@ -78,13 +78,12 @@ BAD = {
     "not_5d": (
         lambda o, l: (o[0], l[0]),
         ValueError,
-        "out_partial must be 5-D (num_splits, batch, seqlen, heads, head_dim), got shape "
-        "(2, 3, 4, 8)",
+        "out_partial must have shape (num_splits, batch_size, seqlen, num_heads, head_size_og)",
     ),
     "lse_layout": (
         lambda o, l: (o, l.transpose(2, 3)),
         ValueError,
-        "lse_partial must have shape out_partial.shape[:-1] = (2, 2, 3, 4), got (2, 2, 4, 3)",
+        "lse_partial must have shape (num_splits, batch_size, seqlen, num_heads)",
     ),
     "no_splits": (
         lambda o, l: (o[:0], l[:0]),
@@ -94,7 +93,7 @@ BAD = {
     "out_dtype": (
         lambda o, l: (o, l, None, torch.int32),
         ValueError,
-        "Output type must be FP32, FP16 or BF16, got torch.int32",
+        "Output type must be FP32, FP16 or BF16",
     ),
     "out_wrong_dtype": (
         lambda o, l: (o, l, torch.empty(2, 3, 4, 8, dtype=torch.float16)),
@@ -104,12 +103,12 @@ BAD = {
     "out_strided": (
         lambda o, l: (o, l, torch.empty(2, 3, 8, 4).transpose(2, 3)),
         ValueError,
-        "out must have contiguous last dimension",
+        "Output tensor must have contiguous last dimension",
     ),
     "out_shape": (
         lambda o, l: (o, l, torch.empty(2, 3, 4, 7)),
         ValueError,
-        "out must have shape (2, 3, 4, 8) (batch, seqlen, heads, head_dim), got (2, 3, 4, 7)",
+        "out must have shape (batch_size, seqlen, num_heads, head_size_og)",
     ),
 }
 

@@ -2,9 +2,10 @@
 
 Run ``.venv/bin/python scripts/doc_figures.py [OUT_DIR]`` after changing a figure; the SVGs are
 committed, and ``tests/test_docs.py`` checks that they are what this script draws now.
-Masks are drawn from :meth:`attn_ref.AttentionMask.visible_keys` and split ranges from
-:func:`attn_ref.split_bounds`, so those figures show what the code does. Output is deterministic
-(fixed SVG ids, no date), and text stays text (``svg.fonttype = none``).
+Masks are drawn from :meth:`attn_ref.AttentionMask.visible_keys`, split ranges from
+:func:`attn_ref.split_bounds` and the sequences of a packed batch from
+:func:`attn_ref.flash_attn.resolve_varlen_call`, so those figures show what the code does.
+Output is deterministic (fixed SVG ids, no date), and text stays text (``svg.fonttype = none``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import torch  # noqa: E402
+
 from attn_ref import AttentionMask, split_bounds  # noqa: E402
+from attn_ref.flash_attn import resolve_varlen_call  # noqa: E402
 
 OUT = ROOT / "docs" / "figures"
 RANK = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
@@ -303,6 +307,116 @@ def split_kv() -> None:
     return fig
 
 
+#: The colours of the varlen figure's sequences (orange outlines each row's own position).
+SEQUENCE = [RANK[0], RANK[2], RANK[4]]
+#: The packed batch of the varlen figure: three sequences, the second used only in part.
+VARLEN_BATCH = dict(
+    cu_seqlens_q=[0, 3, 7, 9],
+    cu_seqlens_k=[0, 5, 9, 12],
+    seqused_q=[3, 3, 2],
+    seqused_k=[5, 3, 3],
+)
+
+
+def varlen() -> None:
+    """A packed batch: query rows against keys, one bottom-right causal block per sequence.
+
+    The sequences (their rows and keys, ``seqused`` applied) come from
+    :func:`attn_ref.flash_attn.resolve_varlen_call` and each block's mask from its
+    :meth:`~attn_ref.AttentionMask.visible_keys`, as the reference attends them.
+    """
+    cu_q, cu_k = VARLEN_BATCH["cu_seqlens_q"], VARLEN_BATCH["cu_seqlens_k"]
+    total_q, total_k = cu_q[-1], cu_k[-1]
+    lengths_q = [end - start for start, end in zip(cu_q, cu_q[1:])]
+    lengths_k = [end - start for start, end in zip(cu_k, cu_k[1:])]
+    k = torch.zeros(total_k, 1, 8)
+    call = resolve_varlen_call(
+        torch.zeros(total_q, 1, 8),
+        k,
+        k,
+        **{name: torch.tensor(value, dtype=torch.int32) for name, value in VARLEN_BATCH.items()},
+        max_seqlen_q=max(lengths_q),
+        max_seqlen_k=max(lengths_k),
+        softmax_scale=None,
+        causal=True,
+        qv=None,
+        window_size=(-1, -1),
+        attention_chunk=0,
+        softcap=0.0,
+        sinks=None,
+    )
+    fig, ax = canvas(10, 4.6, (-4.2, total_k + 9.8), (-2.4, total_q + 2.4))
+    for s, (q0, rows, k0, keys) in enumerate(call.sequences):
+        full_rows, full_keys = lengths_q[s], lengths_k[s]
+        visible = call.mask.visible_keys(rows, keys)
+        for i in range(full_rows):
+            for j in range(full_keys):
+                used = i < rows and j < keys
+                seen = used and bool(visible[i, j])
+                color = SEQUENCE[s] if seen else EMPTY if used else PAD
+                cell(ax, k0 + j, q0 + i, color, hatch=None if used else "///")
+            if i < rows and 0 <= i + keys - rows < keys:  # the row's own position, i + Δ
+                ax.add_patch(
+                    Rectangle(
+                        (k0 + i + keys - rows, q0 + i), 1, 1, fill=False, edgecolor=RANK[1], lw=2
+                    )
+                )
+        ax.add_patch(Rectangle((k0, q0), full_keys, full_rows, fill=False, edgecolor=INK, lw=1))
+        used = (
+            ""
+            if (rows, keys) == (full_rows, full_keys)
+            else f"\nseqused_q = {rows} of {full_rows}, seqused_k = {keys} of {full_keys}"
+        )
+        ax.text(
+            total_k + 0.4,
+            q0 + full_rows / 2,
+            f"sequence {s}: rows [{q0}, {q0 + full_rows}), keys [{k0}, {k0 + full_keys}), "
+            f"Δ = {keys - rows}{used}",
+            va="center",
+            fontsize=8,
+        )
+    for name, starts, horizontal in (
+        ("cu_seqlens_k: offsets into the rows of k, v", VARLEN_BATCH["cu_seqlens_k"], True),
+        ("cu_seqlens_q: offsets into the rows of q", VARLEN_BATCH["cu_seqlens_q"], False),
+    ):
+        for at in starts:
+            if horizontal:
+                arrow(ax, (at, -1.05), (at, -0.1), lw=0.9)
+                ax.text(at, -1.2, str(at), ha="center", fontsize=8)
+            else:
+                arrow(ax, (-1.05, at), (-0.1, at), lw=0.9)
+                ax.text(-1.2, at, str(at), ha="right", va="center", fontsize=8)
+        where = (total_k / 2, -1.9) if horizontal else (-2.2, total_q / 2)
+        ax.text(
+            *where,
+            name,
+            ha="center",
+            va="center",
+            fontsize=8,
+            weight="bold",
+            rotation=0 if horizontal else 90,
+        )
+    legend = [
+        (SEQUENCE[0], None, "visible (one colour per sequence)"),
+        (EMPTY, None, "hidden by the causal mask"),
+        (PAD, "///", "past seqused: not attended, out = 0, lse = -inf"),
+        ("#FFFFFF", None, "another sequence: never attended"),
+    ]
+    for n, (color, hatch, text) in enumerate(legend):
+        x, y = (n // 2) * 11.5, total_q + 0.6 + (n % 2) * 0.9
+        cell(ax, x, y, color, w=0.6, h=0.6, hatch=hatch)
+        ax.add_patch(Rectangle((x, y), 0.6, 0.6, fill=False, edgecolor="#999999", lw=0.6))
+        ax.text(x + 0.9, y + 0.3, text, va="center", fontsize=8)
+    ax.text(
+        total_k + 0.9,
+        -1.2,
+        "orange outline: row i sits at key i + Δ,\nΔ = s_k - s_q of its own sequence",
+        fontsize=8,
+        va="center",
+    )
+    return fig
+
+
 def ulysses() -> None:
     """Token x head ownership before and after the Ulysses all-to-all (P = 4)."""
     P, S, H = 4, 8, 4
@@ -465,6 +579,7 @@ FIGURES = {
     "gqa.svg": gqa,
     "masks.svg": masks,
     "split_kv.svg": split_kv,
+    "varlen.svg": varlen,
     "ulysses.svg": ulysses,
     "ring_steps.svg": ring_steps,
     "ring_zigzag.svg": ring_and_zigzag,

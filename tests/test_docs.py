@@ -1352,6 +1352,7 @@ LEARNING_PATH = [
     "tutorials/06_error_catalog/",
     "tutorials/07_backward/",
     "tutorials/09_conformance/",
+    "tutorials/10_training_packed/",
     "side-by-side/",
     "errors/",
 ]

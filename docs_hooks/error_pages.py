@@ -19,8 +19,9 @@ Nothing is written into ``docs/``: every page and JSON document is a ``File.gene
   (``errors/upstream/*.json``) by source, each linking to the entry it maps to; entry pages list
   them as "Also raised upstream as";
 * ``api/errors/index.json``: package, version and one summary row per entry, with its message
-  template and regex, and one row per upstream message with its regex and entry (the site's search
-  matches pasted messages with them: ``error-search.js``);
+  template and regex, and one row per upstream message with its kind, path, regex and entry (the
+  site's search matches pasted messages with them, a bare assert's source with the code line of a
+  pasted traceback: ``error-search.js``);
 * ``api/errors/schema.json``: ``errors/schema.json``, byte for byte.
 """
 
@@ -117,6 +118,8 @@ def index_json(catalog: dict) -> str:
         {
             "source": data["source"],
             "type": m["exception"],
+            "kind": m["kind"],
+            "path": m["path"],
             "template": m["template"],
             "regex": m["regex"],
             "entry": m["entry"],
@@ -335,6 +338,12 @@ def _permalink(data: dict, message: dict) -> str:
     return f"https://github.com/{data['repository']}"
 
 
+def _bare_note(message: dict) -> str:
+    """Said of a bare assert, whose source stands for the message it lacks."""
+    upstream = _upstream_module()
+    return f"({upstream.BARE_NOTE}) " if message["kind"] == upstream.BARE else ""
+
+
 def upstream_section(entry: dict) -> list[str]:
     """ "Also raised upstream as": every upstream wording mapped to the entry, with where it is
     raised, and the C++ argument names that differ from the Python ones."""
@@ -347,8 +356,8 @@ def upstream_section(entry: dict) -> list[str]:
         pin = f"`{message['commit'][:12]}`" if message.get("commit") else "unpinned"
         lines.append(
             "* "
-            f"{_cell(message['exception'] + ': ' + message['template'])}<br>"
-            f"{html.escape(data['title'])}, "
+            f"{_cell(upstream.pasted_form(message))}<br>"
+            f"{_bare_note(message)}{html.escape(data['title'])}, "
             f"[`{message['path']}`]({_permalink(data, message)}) in "
             f"`{message['function']}` ({pin})"
         )
@@ -375,7 +384,9 @@ def upstream_page(catalog: dict) -> str:
         "from their sources (`python -m errors scan --upstream`) and kept in "
         "`errors/upstream/*.json`. Each links to the catalog entry for the same condition: the "
         "one attn-ref raises, or an entry for a condition only upstream has. Pasting any of them "
-        "into the search box (or into `python -m errors explain`) opens that entry.",
+        "into the search box (or into `python -m errors explain`) opens that entry. A bare "
+        "`assert` has no message: it is listed by its source, the last code line of a traceback "
+        "that ends in a bare `AssertionError`, and the whole traceback finds it.",
         "",
     ]
     for data in upstream.load_all():
@@ -391,8 +402,8 @@ def upstream_page(catalog: dict) -> str:
         for message in data["messages"]:
             entry = by_id[message["entry"]]
             lines.append(
-                f"* {_cell(message['exception'] + ': ' + message['template'])}<br>"
-                f"`{message['function']}` · "
+                f"* {_cell(upstream.pasted_form(message))}<br>"
+                f"{_bare_note(message)}`{message['function']}` · "
                 f"[{html.escape(entry['summary'])}]({page(entry)})"
             )
         lines += ["", "</div>", ""]

@@ -1,14 +1,18 @@
 """``python -m errors``: explain, search, list, check, sync and scan the error catalog.
 
 Exit status: 0 on success, 1 when the answer is "no" (nothing found, drift found, unreadable input),
-2 for a malformed command line. Problems are one line on stderr, never a traceback. Text that UTF-8
-cannot hold (a lone surrogate in a scanned message) is printed as a ``\\uXXXX`` escape.
+2 for a malformed command line, 141 (as for SIGPIPE) when whoever reads the output stops early
+(``| head``). Problems are one line on stderr, never a traceback; a query that nothing fits is
+followed by the closest entries and a ``search`` command to try. Input that is not text is
+reported, never echoed. Text that UTF-8 cannot hold (a lone surrogate in a scanned message) is
+printed as a ``\\uXXXX`` escape.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,38 +20,48 @@ from . import catalog as cat, pasted
 from .scan import ScanError, scan_path
 from .sync import describe_site
 
+#: Exit status when the reader of the output went away (128 + SIGPIPE, as a shell reports it).
+CLOSED_PIPE = 141
+
 
 def _read_stdin() -> str:
     data = sys.stdin.buffer.read(pasted.MAX_CHARS * 4 + 1)
-    return data.decode("utf-8", "replace")
+    if b"\0" in data:
+        raise KeyError("the input is not text (it holds NUL bytes: binary data)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start >= len(data) - 3:  # a character cut at the read limit
+            return data[: exc.start].decode("utf-8")
+        raise KeyError(
+            f"the input is not text (byte 0x{data[exc.start]:02x} at offset {exc.start} is not "
+            "UTF-8)"
+        ) from None
 
 
 def _explain(args, catalog) -> int:
     query = _read_stdin() if args.query == ["-"] else " ".join(args.query)
-    print(cat.explain(query, catalog), end="")
+    try:
+        print(cat.explain(query, catalog), end="")
+    except cat.NoMatch as miss:
+        print(f"error: {miss.args[0]}", file=sys.stderr)
+        near = cat.closest(miss.query, catalog)
+        if near:
+            print("closest entries:", file=sys.stderr)
+            for entry in near:
+                print(f"  {entry['id']}  {entry['slug']}  {entry['summary']}", file=sys.stderr)
+        words = cat.search_words(miss.query, catalog, near)
+        if words:
+            print(f"try: python -m errors search {' '.join(words)}", file=sys.stderr)
+        return 1
     return 0
-
-
-def _haystack(entry: dict) -> str:
-    return " ".join(
-        [
-            entry["id"],
-            entry["slug"],
-            entry["summary"],
-            entry["message"]["template"],
-            entry["area"],
-            entry["exception"]["type"],
-            *entry["tags"],
-            entry["what_it_means"],
-        ]
-    ).lower()
 
 
 def _search(args, catalog) -> int:
     words = [w.lower() for w in " ".join(args.words).split()]
     if not words:
         raise KeyError("the search is empty: give one or more words")
-    found = [e for e in catalog["errors"] if all(w in _haystack(e) for w in words)]
+    found = cat.search(words, catalog)
     if not found:
         raise KeyError(f"no catalog entry contains all of: {' '.join(words)}")
     for entry in found:
@@ -194,11 +208,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors="backslashreplace")
-    args = parser().parse_args(argv)
+def _run(args) -> int:
     try:
         if args.command == "scan":
             return _scan(args)
@@ -211,6 +221,31 @@ def main(argv=None) -> int:
     except (cat.CatalogError, ScanError, KeyError) as exc:
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def main(argv=None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    args = parser().parse_args(argv)
+    try:
+        status = _run(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+        return status
+    except BrokenPipeError:
+        _drop_stdout()
+        return CLOSED_PIPE
 
 
 if __name__ == "__main__":

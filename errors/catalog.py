@@ -1,11 +1,19 @@
-"""Load the catalog and answer questions about it: get, match, lookup, explain.
+"""Load the catalog and answer questions about it: get, match, lookup, explain, search.
 
 The catalog is ``errors/catalog.json`` (format: ``errors/README.md``). Entries are plain dicts,
 exactly as stored. Nothing here imports :mod:`attn_ref` or :mod:`kernels`.
+
+A pasted message is matched exactly first, then loosely (case, trailing punctuation, white space
+and quote style aside: :func:`errors.pasted.loose_forms`); a traceback that ends in a bare
+``AssertionError`` by its last code lines (:func:`errors.upstream.match_code`). :func:`find` says
+which upstream wording matched, so that :func:`explain` leads with it and with the translation of
+upstream's argument names; a miss (:class:`NoMatch`) comes with the :func:`closest` entries and
+:func:`search_words` to try.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -13,6 +21,7 @@ import re
 import stat
 import sys
 import traceback
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Union
@@ -115,6 +124,24 @@ _RANK = {key: i for i, key in enumerate(KEY_ORDER)}
 
 class CatalogError(Exception):
     """The catalog file is missing, is not JSON, or lacks the expected structure."""
+
+
+class NoMatch(KeyError):
+    """Nothing in the catalog fits the query (``query``: what was asked)."""
+
+    def __init__(self, message: str, query: str):
+        super().__init__(message)
+        self.query = query
+
+
+@dataclass
+class Found:
+    """What a lookup found: the entry, the upstream message it matched through (None: the entry
+    itself), and whether only loosely (case, punctuation, white space or quotes aside)."""
+
+    entry: dict
+    upstream: Optional[dict] = None
+    loose: bool = False
 
 
 def entry_id(exception_type: str, template: str, qualifier: str = "") -> tuple[str, str]:
@@ -324,36 +351,47 @@ def literal_length(entry: dict) -> int:
 
 
 def match(
-    message: str, exception_type: Optional[str] = None, catalog: Optional[dict] = None
+    message: str,
+    exception_type: Optional[str] = None,
+    catalog: Optional[dict] = None,
+    loose: bool = False,
 ) -> list[dict]:
-    """Entries whose regex matches ``message`` in full: active before removed, most specific first.
+    """Entries whose regex matches ``message`` in full (``loose``: one of its
+    :func:`~errors.pasted.loose_forms`, in any case): active before removed, most specific first.
 
     Entries whose template has no literal text (messages computed elsewhere) never match by message.
     """
     catalog = catalog if catalog is not None else load()
+    forms = pasted.loose_forms(message) if loose else [message]
     found = []
     for entry in catalog["errors"]:
         if exception_type is not None and entry["exception"]["type"] != exception_type:
             continue
-        if literal_length(entry) and re.fullmatch(entry["message"]["regex"], message):
+        regex = pasted.compiled(entry["message"]["regex"], loose)
+        if literal_length(entry) and any(regex.fullmatch(form) for form in forms):
             found.append(entry)
     return sorted(found, key=lambda e: (e["status"] == "removed", -literal_length(e), e["id"]))
 
 
 def match_pasted(
-    message: str, exception_type: Optional[str], catalog: dict, upstream_dir: Optional[Path] = None
-) -> list[dict]:
-    """Entries for a pasted message, best first: the package's own templates and every upstream
-    wording (``errors/upstream/*.json``, each mapped to its entry) compete on literal text, so an
-    exact upstream wording (``block_table must have contiguous last dimension``) wins over a broad
-    package template (``{name} must have contiguous last dimension``). At equal specificity the
-    pasted exception type decides, then the package's own template."""
+    message: str,
+    exception_type: Optional[str],
+    catalog: dict,
+    upstream_dir: Optional[Path] = None,
+    loose: bool = False,
+) -> list[Found]:
+    """Entries for a pasted message, best first, each with the upstream message it matched
+    through: the package's own templates and every upstream wording (``errors/upstream/*.json``,
+    each mapped to its entry) compete on literal text, so an exact upstream wording
+    (``block_table must have contiguous last dimension``) wins over a broad package template
+    (``{name} must have contiguous last dimension``). At equal specificity the pasted exception
+    type decides, then the package's own template."""
     by_id = {e["id"]: e for e in catalog["errors"]}
     scored = [
-        (literal_length(e), e["exception"]["type"] == exception_type, 1, e)
-        for e in match(message, catalog=catalog)
+        (literal_length(e), e["exception"]["type"] == exception_type, 1, Found(e, None, loose))
+        for e in match(message, catalog=catalog, loose=loose)
     ]
-    for found in upstream.match(message, upstream_dir or upstream.UPSTREAM_DIR):
+    for found in upstream.match(message, upstream_dir or upstream.UPSTREAM_DIR, loose):
         entry = by_id.get(found["entry"])
         if entry is not None:
             scored.append(
@@ -361,15 +399,15 @@ def match_pasted(
                     upstream.literal_length(found["template"]),
                     found["exception"] == exception_type,
                     0,
-                    entry,
+                    Found(entry, found, loose),
                 )
             )
-    scored.sort(key=lambda s: (s[3]["status"] == "removed", -s[0], not s[1], -s[2]))
+    scored.sort(key=lambda s: (s[3].entry["status"] == "removed", -s[0], not s[1], -s[2]))
     seen, ordered = set(), []
-    for *_, entry in scored:
-        if entry["id"] not in seen:
-            seen.add(entry["id"])
-            ordered.append(entry)
+    for *_, found in scored:
+        if found.entry["id"] not in seen:
+            seen.add(found.entry["id"])
+            ordered.append(found)
     return ordered
 
 
@@ -406,61 +444,193 @@ def lookup(query: Union[str, BaseException], catalog: Optional[dict] = None) -> 
 
     An exception is found by its raise location, else by its message and type. Text is an id, slug,
     alias or external alias id, or what :func:`errors.pasted.read` understands: a traceback (its
-    last exception), a ``Type: message`` line, an attn-ref note, a docs URL, or a bare message.
+    last exception; a bare ``AssertionError`` by the code lines above it), a ``Type: message``
+    line, an attn-ref note, a docs URL, or a bare message, matched exactly, else loosely.
     """
+    found = find(query, catalog)
+    return found.entry if found else None
+
+
+def find(query: Union[str, BaseException], catalog: Optional[dict] = None) -> Optional[Found]:
+    """:func:`lookup`, saying also which upstream message matched and whether only loosely."""
     catalog = catalog if catalog is not None else load()
     if isinstance(query, BaseException):
         location = raise_location(query)
         entry = at_location(*location, catalog=catalog) if location else None
         if entry is not None and entry["exception"]["type"] == type(query).__name__:
-            return entry
+            return Found(entry)
         found = match(str(query), type(query).__name__, catalog)
-        return found[0] if found else None
+        return Found(found[0]) if found else None
     text = str(query)
     try:
-        return get(text, catalog)
+        return Found(get(text, catalog))
     except KeyError:
         pass
     said = pasted.read(text)
     if said.id is not None:
         try:
-            return get(said.id, catalog)
+            return Found(get(said.id, catalog))
         except KeyError:
             pass
-    for message in said.messages:
-        found = match_pasted(message, said.exception_type, catalog)
-        if found:
-            return found[0]
+    by_id = {e["id"]: e for e in catalog["errors"]}
+    for loose in (False, True):
+        for message in filter(str.strip, said.messages):
+            found = match_pasted(message, said.exception_type, catalog, loose=loose)
+            if found:
+                return found[0]
+        if said.code:
+            for message in upstream.match_code(said.code, said.code_path, loose=loose):
+                if message["entry"] in by_id:
+                    return Found(by_id[message["entry"]], message, loose)
     return None
 
 
 def resolve(query: Union[str, BaseException], catalog: Optional[dict] = None) -> dict:
     """:func:`lookup`, but ``KeyError`` (with a readable reason) where nothing fits."""
-    catalog = catalog if catalog is not None else load()
-    if isinstance(query, str) and not query.strip():
-        raise KeyError("the query is empty: give an error message, a traceback, an id or a slug")
-    entry = lookup(query, catalog)
-    if entry is None:
+    return _resolve(query, catalog if catalog is not None else load()).entry
+
+
+def _resolve(query: Union[str, BaseException], catalog: dict) -> Found:
+    if isinstance(query, str):
+        if not query.strip():
+            raise KeyError(
+                "the query is empty: give an error message, a traceback, an id or a slug"
+            )
+        why = pasted.not_text_reason(query)
+        if why:
+            raise KeyError(
+                f"the query is not text ({why}): give an error message, a traceback, an id or a "
+                "slug"
+            )
+    found = find(query, catalog)
+    if found is None:
         shown = str(query).strip()
         shown = shown if len(shown) <= 200 else shown[:200] + "..."
-        raise KeyError(f"no catalog entry matches {shown!r}")
-    return entry
+        raise NoMatch(f"no catalog entry matches {shown!r}", str(query))
+    return found
 
 
 def explain(query: Union[str, BaseException], catalog: Optional[dict] = None) -> str:
-    """The entry for an exception, message, id or slug, as markdown (``KeyError`` if none fits)."""
+    """The entry for an exception, message, id or slug, as markdown (``KeyError`` if none fits;
+    :class:`NoMatch` where the query is read but nothing fits)."""
     catalog = catalog if catalog is not None else load()
-    return render_markdown(resolve(query, catalog), catalog)
+    found = _resolve(query, catalog)
+    return render_markdown(found.entry, catalog, found)
+
+
+#: Words that say nothing about which entry is meant (a search for them finds too much).
+_COMMON_WORDS = frozenset(
+    (
+        "the and for with not must can only but are was has have does got than when from into "
+        "this that per all any same every each one two should cannot need needs supports "
+        "support supported expected error exception runtimeerror valueerror typeerror "
+        "assertionerror notimplementederror traceback most recent call last file line"
+    ).split()
+)
+#: Characters of a query that :func:`closest` compares (the start of a message says the most).
+CLOSEST_CHARS = 300
+
+
+def _folded(text: str) -> str:
+    return " ".join(re.sub(r"\{[^{}]*\}", " ", text).lower().split())
+
+
+def _said(query: str) -> str:
+    """What a query says of its error: a bare assert's code, else its most complete message, cut
+    to :data:`CLOSEST_CHARS`."""
+    said = pasted.read(query)
+    return (said.code or next(filter(str.strip, said.messages), query))[:CLOSEST_CHARS]
+
+
+def closest(query: str, catalog: dict, n: int = 3) -> list[dict]:
+    """The ``n`` entries whose messages (their own template and every upstream wording mapped to
+    them) read most like the query's message (``difflib`` ratio, case and white space aside)."""
+    text = _folded(_said(query))
+    by_id = {e["id"]: e for e in catalog["errors"]}
+    best: dict[str, float] = {}
+    templates = [(e["id"], e["message"]["template"]) for e in catalog["errors"]]
+    templates += [
+        (m["entry"], m["template"]) for _, m in upstream.messages() if m["entry"] in by_id
+    ]
+    for entry_id, template in templates:
+        ratio = difflib.SequenceMatcher(None, text, _folded(template), autojunk=False).ratio()
+        best[entry_id] = max(ratio, best.get(entry_id, 0.0))
+    ranked = sorted(best, key=lambda i: (by_id[i]["status"] == "removed", -best[i], i))
+    return [by_id[i] for i in ranked[:n]]
+
+
+def _haystack(entry: dict) -> str:
+    return " ".join(
+        [
+            entry["id"],
+            entry["slug"],
+            entry["summary"],
+            entry["message"]["template"],
+            entry["area"],
+            entry["exception"]["type"],
+            *entry["tags"],
+            entry["what_it_means"],
+        ]
+    ).lower()
+
+
+def search(words: list[str], catalog: dict) -> list[dict]:
+    """Entries whose id, slug, summary, template, area, type, tags or meaning contain every word
+    (case aside)."""
+    words = [w.lower() for w in words]
+    return [e for e in catalog["errors"] if all(w in _haystack(e) for w in words)]
+
+
+def search_words(query: str, catalog: dict, near: list[dict]) -> list[str]:
+    """Words to try with ``python -m errors search``: the query's rarest words that, together,
+    still find an entry (at most two), else the name of the nearest entry (``near[0]``)."""
+    words = []
+    for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]+", _said(query).lower()):
+        if len(word) > 2 and word not in _COMMON_WORDS and word not in words:
+            words.append(word)
+    counts = {w: len(search([w], catalog)) for w in words}
+    chosen: list[str] = []
+    for word in sorted((w for w in words if counts[w]), key=lambda w: counts[w]):
+        if len(chosen) < 2 and search(chosen + [word], catalog):
+            chosen.append(word)
+    return chosen or ([near[0]["slug"].split("/")[-1]] if near else [])
 
 
 def _code_block(code: str) -> str:
     return f"```python\n{code.rstrip()}\n```"
 
 
-def render_markdown(entry: dict, catalog: dict) -> str:
-    """One entry as a markdown page: the same sections, in the same order, as the docs site."""
+def matched_lines(found: Found) -> list[str]:
+    """What an answer leads with when the query matched an upstream wording or only loosely: the
+    translation of upstream's argument names, then the wording matched and where it comes from."""
+    lines = []
+    message = found.upstream
+    if message is not None:
+        for cpp, python in upstream.translated_names([message]):
+            lines.append(
+                f"> **`{cpp}` is `{python}`**: upstream's C++ argument `{cpp}` is `{python}` in "
+                "`flash_attn_with_kvcache` (sglang's and attn-ref's)."
+            )
+        data = upstream.source_of(message)
+        bare = f"{upstream.BARE_NOTE}; " if message["kind"] == upstream.BARE else ""
+        lines.append(
+            f"> Matched upstream's `{upstream.pasted_form(message)}` ({bare}{data['title']}: "
+            f"`{message['path']}`, `{message['function']}`)."
+        )
+    if found.loose:
+        lines.append(
+            "> Matched loosely: letter case, trailing punctuation, white space or quote style "
+            "differ from the message."
+        )
+    return lines + [""] if lines else []
+
+
+def render_markdown(entry: dict, catalog: dict, found: Optional[Found] = None) -> str:
+    """One entry as a markdown page: the same sections, in the same order, as the docs site;
+    ``found`` (how a query matched it) adds :func:`matched_lines` under the title."""
     message, when, examples = entry["message"], entry["when_it_happens"], entry["examples"]
     lines = [f"# {entry['slug']}: {entry['summary']}", ""]
+    lines += matched_lines(found) if found else []
     if entry["status"] == "upstream_only":
         lines += [
             '> **Note:** attn-ref never raises this error; upstream does (see "Also raised '

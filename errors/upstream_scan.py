@@ -19,7 +19,12 @@ C++ (``*.cpp``, ``*.cu``, ``*.h``, ``*.hpp``, ``*.cuh``), as PyTorch prints each
 Python: every ``raise T(message)`` (any exception type) and ``assert cond, message``; the message
 template comes from :mod:`errors.scan` (f-strings, ``%``, ``.format``, a name bound earlier; a name
 bound to a call of a module function counts each string literal that function returns). A
-bare ``raise T`` or ``assert cond`` says nothing a user could paste, and is skipped.
+bare ``raise T`` says nothing a user could paste, and is skipped. A bare ``assert cond`` (read only
+where asked: ``bare_asserts``) raises an ``AssertionError`` without a message, and the traceback's
+last code line is all a user has: it is recorded by its source text, kind ``bare assert``, template
+``assert <cond>`` (as :func:`ast.unparse` writes it) and a regex that matches the statement or its
+condition alone (Python 3.11 prints the condition's line of a multi-line assert) however it is
+spaced or broken over lines (:func:`bare_assert_regex`).
 
 Each message records its path, enclosing function (``Class.method`` in Python), exception type
 (``RuntimeError`` for C++ checks, ``AssertionError`` for asserts), the kind of statement, the
@@ -30,7 +35,9 @@ text).
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
@@ -48,6 +55,8 @@ from .scan import (
 )
 
 CPP_SUFFIXES = (".cpp", ".cu", ".h", ".hpp", ".cuh", ".cc")
+#: The kind of an ``assert cond`` without a message.
+BARE = "bare assert"
 #: The message of each FlashAttention check macro, from its stringized arguments.
 SHAPE, DEVICE, CONTIGUOUS = "CHECK_SHAPE", "CHECK_DEVICE", "CHECK_CONTIGUOUS"
 _MACROS = ("TORCH_CHECK", SHAPE, DEVICE, CONTIGUOUS)
@@ -61,9 +70,9 @@ class UpstreamMessage:
 
     path: str
     function: str
-    kind: str  # TORCH_CHECK, CHECK_SHAPE, CHECK_DEVICE, CHECK_CONTIGUOUS, raise or assert
+    kind: str  # TORCH_CHECK, CHECK_SHAPE, CHECK_DEVICE, CHECK_CONTIGUOUS, raise, assert or BARE
     exception: str
-    message: Message
+    message: Message  # or, for a bare assert, its AssertSource
 
     def as_json(self) -> dict:
         return {
@@ -324,9 +333,42 @@ def returned_strings(module: ast.Module) -> dict[str, list[str]]:
     return found
 
 
+@dataclass
+class AssertSource:
+    """What stands for the message of a bare ``assert``: its source text."""
+
+    template: str  # "assert <cond>", as ast.unparse writes it
+    regex: str
+
+
+#: Tokens that only lay code out: a bare assert's regex allows any white space in their place.
+_LAYOUT_TOKENS = {
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.COMMENT,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENDMARKER,
+}
+
+
+def bare_assert_regex(condition_source: str) -> str:
+    """An anchored regex for the code line of a bare assert: the tokens of its condition (the
+    source of ``node.test``, without the parentheses around it) with any white space between
+    them, alone or as the whole statement, ``assert (...)`` too."""
+    tokens = [
+        t.string
+        for t in tokenize.generate_tokens(io.StringIO(condition_source.strip()).readline)
+        if t.type not in _LAYOUT_TOKENS
+    ]
+    body = r"\s*".join(re.escape(t) for t in tokens)
+    return r"(?s)\A\s*(?:assert\b\s*)?(?:\(\s*" + body + r"\s*\)|" + body + r")\s*\Z"
+
+
 class _PythonCollector(ast.NodeVisitor):
-    def __init__(self, path: str, constants: dict, reasons: dict):
+    def __init__(self, path: str, constants: dict, reasons: dict, text: str, bare_asserts: bool):
         self.path, self.constants, self.reasons = path, constants, reasons
+        self.text, self.bare_asserts = text, bare_asserts
         self.scope: list = []
         self.found: list[UpstreamMessage] = []
 
@@ -399,13 +441,22 @@ class _PythonCollector(ast.NodeVisitor):
             )
 
     def visit_Assert(self, node: ast.Assert) -> None:
-        self._add("assert", "AssertionError", node.msg, node.lineno)
+        if node.msg is not None or not self.bare_asserts:
+            self._add("assert", "AssertionError", node.msg, node.lineno)
+            return
+        condition = ast.get_source_segment(self.text, node.test)
+        source = AssertSource(ast.unparse(node), bare_assert_regex(condition))
+        where = ".".join(n.name for n in self.scope) or "<module>"
+        self.found.append(UpstreamMessage(self.path, where, BARE, "AssertionError", source))
 
 
-def scan_python(text: str, path: str) -> list[UpstreamMessage]:
-    """The raise and assert messages of one Python file, in source order."""
+def scan_python(text: str, path: str, bare_asserts: bool = False) -> list[UpstreamMessage]:
+    """The raise and assert messages of one Python file, in source order (with ``bare_asserts``,
+    the asserts without a message too, by their source)."""
     module = ast.parse(text, filename=path)
-    collector = _PythonCollector(path, module_constants(module), returned_strings(module))
+    collector = _PythonCollector(
+        path, module_constants(module), returned_strings(module), text, bare_asserts
+    )
     collector.visit(module)
     return collector.found
 
@@ -430,16 +481,22 @@ def source_files(root: Path, paths: Iterable[str]) -> Iterator[Path]:
 
 
 def scan_upstream(
-    root: Path, paths: Iterable[str], functions: Optional[set[str]] = None
+    root: Path,
+    paths: Iterable[str],
+    functions: Optional[set[str]] = None,
+    bare_asserts: bool = False,
 ) -> list[UpstreamMessage]:
     """Every message of the files under ``root`` named by ``paths``, optionally only those raised in
-    ``functions`` (a name matches ``Class.method`` by its last part or the whole)."""
+    ``functions`` (a name matches ``Class.method`` by its last part or the whole); with
+    ``bare_asserts``, Python's asserts without a message too."""
     root = Path(root)
     found = []
     for path in source_files(root, paths):
         rel = path.relative_to(root).as_posix()
         text = read_source(path)
-        found += scan_python(text, rel) if path.suffix == ".py" else scan_cpp(text, rel)
+        found += (
+            scan_python(text, rel, bare_asserts) if path.suffix == ".py" else scan_cpp(text, rel)
+        )
     if functions:
         found = [
             m for m in found if m.function in functions or m.function.split(".")[-1] in functions
@@ -448,7 +505,10 @@ def scan_upstream(
 
 
 __all__ = [
+    "BARE",
+    "AssertSource",
     "UpstreamMessage",
+    "bare_assert_regex",
     "cpp_message",
     "placeholder_name",
     "scan_cpp",

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from docs_hooks.error_pages import entry_json  # noqa: E402
 from docs_hooks.source_includes import definition_lines  # noqa: E402
 from errors import catalog as cat, upstream  # noqa: E402
+from upstream_forms import pasted_forms  # noqa: E402
 
 #: The path of the published site (``site_url``'s path): pages refer to their assets through it
 #: (404.html).
@@ -853,6 +854,10 @@ def test_upstream_errors_page_links_every_message_to_its_entry(site):
             assert f'href="{href}/"' in text, message["template"]
     page = entry_html(site, cat.get("541c547258dbac23"))
     assert "Also raised upstream as" in page and "seqused_k must have dtype int32" in page
+    # a bare assert is listed by its source, said to have no message
+    page = entry_html(site, cat.get("sequence-parallel/alibi-not-supported"))
+    assert "assert alibi_slopes is None" in page and "a bare assert" in page
+    assert "AssertionError: assert alibi_slopes" not in page + text
 
 
 def test_error_pages_show_the_real_output_and_sit_in_the_nav(site, catalog):
@@ -1152,10 +1157,32 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
         "c10::Error::Error(c10::SourceLocation, std::string) + 0x9c",
         "block_table must have contiguous last dimension",
         "AssertionError: zigzag ring is meaningless for causal=False",
+        'Traceback (most recent call last):\n  File "/venv/site-packages/ring_flash_attn/'
+        'zigzag_ring_flash_attn.py", line 221, in forward\n    assert alibi_slopes is None\n'
+        "           ^^^^^^^^^^^^^^^^^^^^\nAssertionError",
+        "RuntimeError: FlashAttention only supports Ampere GPUs or newer",
     ):
         entry = cat.lookup(pasted, catalog)
         href = first_search_result(browser, pasted)
         assert href.rstrip("/").endswith(f"errors/{entry['slug']}"), (pasted, href)
+    # Every form of every upstream message (bare asserts by a traceback's code line, near misses
+    # in other letter case), and near misses of the package's own: the entry `explain` gives.
+    queries = [form for _, m in upstream.messages() for form in pasted_forms(m).values()]
+    queries += [
+        "q CAN ONLY BE NONE WHEN ONLY_QV=TRUE.",
+        'ValueError: backend must be "gloo" or "nccl", got \u2018mpi\u2019',
+    ]
+    listed = page.evaluate(
+        "async queries => { const out = []; for (const q of queries) "
+        "out.push(await attnRefErrorSearch.matches(q)); return out; }",
+        queries,
+    )
+    differ = [
+        (query, shown, cat.lookup(query, catalog)["slug"])
+        for query, shown in zip(queries, listed)
+        if shown[:1] != [cat.lookup(query, catalog)["slug"]]
+    ]
+    assert not differ, differ[:5]
     for exc in errors[:2]:  # messages of one raise site: the entry of the exception itself
         assert cat.lookup(str(exc), catalog)["id"] == cat.lookup(exc, catalog)["id"]
     # Free text still searches the pages.

@@ -1,6 +1,8 @@
 """``python -m errors``: answers, and a clear one-line error (never a traceback) on bad input."""
 
+import io
 import json
+import os
 import subprocess
 import sys
 
@@ -52,7 +54,6 @@ def test_explain_by_id_and_rendered_message(capsys):
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["explain", "0123456789abcdef"], "no catalog entry matches"),
         (["explain", " "], "the query is empty"),
         (["search", " "], "the search is empty"),
         (["search", "no-such-word-anywhere"], "no catalog entry contains"),
@@ -120,3 +121,27 @@ def test_module_entry_point_without_traceback():
     )
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(capsys, monkeypatch):
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert main(["list"]) == 141
+    # a real pipe whose reader is gone (`python -m errors list | head -0`)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "errors", "list"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cat.ROOT,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141 and result.stderr == ""

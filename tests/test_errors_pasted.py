@@ -138,8 +138,76 @@ def test_the_last_exception_line_counts_and_unknown_notes_are_ignored():
 def test_pastes_that_fit_nothing(capsys, text):
     assert errors.lookup(text) is None
     assert main(["explain", text]) == 1
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and lines[0].startswith("error: no catalog entry matches")
+    # then the three closest entries and a search to try
+    assert lines[1] == "closest entries:" and len(lines) == 6 and lines[5].startswith("try: ")
+
+
+#: Near misses: other letter case, trailing punctuation, white space, quote style.
+NEAR_MISSES = [
+    ("Q CAN ONLY BE NONE WHEN ONLY_QV=TRUE.", "only-qv/q-none-without-only-qv"),
+    (f"ValueError:   {Q_NONE.replace(' ', '   ')}  ", "only-qv/q-none-without-only-qv"),
+    ("RuntimeError: FlashAttention only supports Ampere GPUs or newer", "upstream/gpu-too-old"),
+    ("flashattention only supports ampere gpus or newer!", "upstream/gpu-too-old"),
+    (
+        'ValueError: backend must be "gloo" or "nccl", got \u2018mpi\u2019',
+        "sequence-parallel/bad-launch-backend",
+    ),
+    (
+        "ValueError: `backend` must be 'gloo' or 'nccl', got 'mpi'",
+        None,
+    ),  # quotes that are not there
+]
+
+
+@pytest.mark.parametrize("text, slug", NEAR_MISSES)
+def test_near_misses_find_their_entry_and_say_so(text, slug):
+    found = errors.lookup(text)
+    assert (found and found["slug"]) == slug
+    if slug is not None:
+        assert errors.lookup(text.swapcase())["slug"] == slug
+        assert "> Matched loosely" in errors.explain(text)
+
+
+def test_a_miss_names_the_closest_entries_and_a_search_that_finds_them(capsys):
+    assert main(["explain", "flash attention only suports Ampere"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    near = [line.split()[1] for line in lines[2:5]]
+    assert near[0] == "upstream/gpu-too-old", lines
+    words = lines[5].removeprefix("try: python -m errors search ").split()
+    assert words and main(["search", *words]) == 0
+    assert "upstream/gpu-too-old" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00" + bytes(range(256)), "NUL bytes"),
+        (b"ValueError: q can only be \xff\xfe None", "is not UTF-8"),
+    ],
+)
+def test_binary_input_is_reported_not_echoed(capsys, monkeypatch, data, reason):
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["explain", "-"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: the input is not text") and reason in err
+    assert err.count("\n") == 1 and "\ufffd" not in err and "ELF" not in err
+
+
+def test_control_characters_in_a_query_are_reported(capsys):
+    assert main(["explain", "q can only\x07 be None\x1b\x00"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: no catalog entry matches") and err.count("\n") == 1
+    assert err.startswith("error: the query is not text (it holds NUL bytes") and "only" not in err
+    with pytest.raises(KeyError, match="not text"):
+        errors.explain("\x01\x02 binary")
+
+
+def test_a_coloured_traceback_is_read_without_its_colour_codes():
+    coloured = f"\x1b[35mValueError\x1b[0m: \x1b[35m{Q_NONE}\x1b[0m\n"
+    assert errors.lookup(coloured)["slug"] == "only-qv/q-none-without-only-qv"
+    assert errors.explain(coloured).startswith("# only-qv/q-none-without-only-qv:")
 
 
 def test_empty_stdin_is_an_empty_query(capsys, monkeypatch):

@@ -8,13 +8,15 @@ import json
 import re
 import subprocess
 import sys
+import traceback
 
 import pytest
 
 import errors
 from errors import catalog as cat, upstream
 from errors.check import check
-from errors.upstream_scan import scan_cpp, scan_python, scan_upstream
+from errors.upstream_scan import BARE, bare_assert_regex, scan_cpp, scan_python, scan_upstream
+from upstream_forms import pasted_forms
 
 CPP = r"""
 #define CHECK_DEVICE(x) TORCH_CHECK(x.is_cuda(), #x " must be on CUDA")
@@ -81,6 +83,25 @@ def test_cpp_checks_as_pytorch_prints_them():
     assert not re.fullmatch(regex, "max(seqlens_k) + other (= 300) exceeds 256.")
 
 
+def test_bare_asserts_are_read_by_their_source_where_asked():
+    text = PY + "\n\ndef split(total, world):\n    assert (\n        total % world == 0\n    )\n"
+    found = [m for m in scan_python(text, "layer.py", bare_asserts=True) if m.kind == BARE]
+    assert [(m.function, m.exception, m.message.template) for m in found] == [
+        ("Layer.forward", "AssertionError", "assert seq_lens is None"),
+        ("split", "AssertionError", "assert total % world == 0"),
+    ]
+    regex = found[1].message.regex
+    for code in (
+        "assert total % world == 0",
+        "total % world == 0",  # Python 3.11 shows the condition's line of a multi-line assert
+        "assert (\n    total % world == 0\n)",  # Python 3.13: the whole statement
+        "assert total%world==0",
+    ):
+        assert re.fullmatch(regex, code), code
+    assert not re.fullmatch(regex, "assert total % world == 1")
+    assert not [m for m in scan_python(text, "layer.py") if m.kind == BARE]
+
+
 def test_python_raises_and_asserts_with_messages():
     found = scan_python(PY, "layer.py")
     assert [(m.function, m.kind, m.exception, m.message.template) for m in found] == [
@@ -144,43 +165,6 @@ def test_check_fails_for_an_unmapped_or_dangling_message(tmp_path):
     assert "without a catalog entry" in rules[0][1] and "0123456789abcdef" in rules[1][1]
 
 
-def _example(template: str, regex: str) -> str:
-    """The template with each placeholder filled by a value its pattern accepts."""
-    text = re.sub(r"\{[^{}]*\}", "7", template)
-    if re.fullmatch(regex, text):
-        return text
-    for option in re.findall(r"\(\?P<\w+>\(\?:([^)]*)\)\)", regex):  # a ``cond ? "a" : "b"`` choice
-        first = option.split("|")[0].replace("\\", "")
-        text = re.sub(r"\{[^{}]*\}", lambda m, first=first: first, template, count=1)
-        text = re.sub(r"\{[^{}]*\}", "7", text)
-        if re.fullmatch(regex, text):
-            return text
-    raise AssertionError(f"no example for {template!r}")
-
-
-def pasted_forms(message: dict) -> list[str]:
-    """What users paste: bare, typed, a traceback tail, PyTorch's C++ context lines."""
-    text = _example(message["template"], message["regex"])
-    typed = f"{message['exception']}: {text}"
-    forms = [
-        text,
-        typed,
-        'Traceback (most recent call last):\n  File "run.py", line 3, in <module>\n    out = '
-        "attn(q)\n" + typed,
-    ]
-    if message["path"].endswith(".cpp"):
-        forms += [
-            f"{typed}\nException raised from {message['function']} at /src/{message['path']}:123 "
-            "(most recent call first):\nframe #0: c10::Error::Error(c10::SourceLocation, "
-            "std::string) + 0x9c (0x7f in libc10.so)\nframe #1: <unknown function> + 0x1234 (0x7f "
-            "in flash_attn_3.so)\n",
-            f"torch.AcceleratorError: {text}",
-            f"{typed}Exception raised from {message['function']} at /src/{message['path']}:9 (most "
-            "recent call first):",
-        ]
-    return forms
-
-
 ALL = [(data["source"], message) for data, message in upstream.messages()]
 
 
@@ -189,9 +173,10 @@ ALL = [(data["source"], message) for data, message in upstream.messages()]
 )
 def test_each_upstream_message_finds_its_entry(source, message):
     catalog = errors.load()
-    for form in pasted_forms(message):
+    for name, form in pasted_forms(message).items():
         found = errors.lookup(form, catalog)
         assert found is not None and found["id"] == message["entry"], (
+            name,
             form,
             found and found["slug"],
         )
@@ -213,7 +198,7 @@ def test_explain_cli_with_a_cpp_traceback():
     message = next(
         m for _, m in upstream.messages() if m["template"] == "seqused_k must have dtype int32"
     )
-    paste = pasted_forms(message)[3]
+    paste = pasted_forms(message)["C++ context"]
     result = subprocess.run(
         [sys.executable, "-m", "errors", "explain", "-"],
         input=paste,
@@ -228,6 +213,12 @@ def test_explain_cli_with_a_cpp_traceback():
     assert (
         "## Also raised upstream as" in result.stdout
         and "seqused_k must have dtype int32" in result.stdout
+    )
+    # the answer leads with the translation of upstream's name, then the wording it matched
+    lead = result.stdout.splitlines()[2:4]
+    assert lead[0].startswith("> **`seqused_k` is `cache_seqlens`**")
+    assert lead[1].startswith(
+        "> Matched upstream's `RuntimeError: seqused_k must have dtype int32`"
     )
 
 
@@ -253,3 +244,125 @@ def test_a_reason_returned_by_a_helper_and_raised_by_its_caller():
     assert [(m.function, m.exception, m.message.template) for m in found] == [
         ("USP.forward", "NotImplementedError", "masks are not supported.")
     ]
+
+
+def test_a_fork_keeps_only_the_wordings_its_origin_lacks(tmp_path):
+    (tmp_path / "hopper").mkdir()
+    (tmp_path / "hopper" / "flash_api.cpp").write_text(
+        CPP.replace("CHECK_DEVICE(q);", "CHECK_DEVICE(q); CHECK_CONTIGUOUS(sinks);")
+    )
+    origin = {"messages": [{"template": m.message.template} for m in scan_cpp(CPP, "x.cpp")]}
+    (tmp_path / "origin.json").write_text(json.dumps(origin))
+    fork = {
+        "source": "fork",
+        "title": "Fork",
+        "repository": "o/fork",
+        "files": [{"path": "hopper", "commit": "1" * 40, "fork_of": "origin"}],
+        "messages": [],
+    }
+    fresh = upstream.refresh(fork, tmp_path, tmp_path)
+    assert [m["template"] for m in fresh["messages"]] == ["sinks must be contiguous"]
+
+
+def _bare_source(tmp_path, name: str, path: str, entry: str) -> None:
+    regex = bare_assert_regex("x")
+    (tmp_path / f"{name}.json").write_text(
+        json.dumps(
+            {
+                "source": name,
+                "title": name,
+                "repository": f"o/{name}",
+                "files": [{"path": path, "commit": "2" * 40, "bare_asserts": True}],
+                "messages": [
+                    {
+                        "path": path,
+                        "commit": "2" * 40,
+                        "function": "f",
+                        "kind": BARE,
+                        "exception": "AssertionError",
+                        "template": "assert x",
+                        "regex": regex,
+                        "occurrences": 1,
+                        "entry": entry,
+                    }
+                ],
+            }
+        )
+    )
+
+
+def test_a_bare_assert_is_told_apart_by_the_tracebacks_file(tmp_path):
+    _bare_source(tmp_path, "one", "pkg_one/mod.py", "1111111111111111")
+    _bare_source(tmp_path, "two", "pkg_two/mod.py", "2222222222222222")
+    for path, entry in (("pkg_one/mod.py", "1111111111111111"), ("pkg_two/mod.py", "2" * 16)):
+        found = upstream.match_code("assert x", f"/venv/site-packages/{path}", tmp_path)
+        assert [m["entry"] for m in found][0] == entry
+    assert len(upstream.match_code("(x)", None, tmp_path)) == 2
+    assert upstream.match_code("assert y", None, tmp_path) == []
+
+
+def test_a_real_bare_assert_traceback_finds_its_entry(tmp_path):
+    """Python's own traceback (carets and all) of ring-flash-attention's bare assert, raised from
+    a file at the path it has in the package."""
+    module = tmp_path / "ring_flash_attn" / "zigzag_ring_flash_attn.py"
+    module.parent.mkdir()
+    module.write_text("def forward(alibi_slopes):\n    assert alibi_slopes is None\n")
+    namespace: dict = {}
+    exec(compile(module.read_text(), str(module), "exec"), namespace)
+    try:
+        namespace["forward"](alibi_slopes=[1.0])
+    except AssertionError:
+        pasted = traceback.format_exc()
+    assert pasted.rstrip().endswith("AssertionError")
+    found = errors.lookup(pasted)
+    assert found["slug"] == "sequence-parallel/alibi-not-supported"
+    text = errors.explain(pasted)
+    assert "Matched upstream's `assert alibi_slopes is None` (a bare assert" in text
+
+
+#: Messages users pasted and found nothing for (and the entry each now opens); every form of each
+#: (bare, typed, traceback...) must find it, and each must be in the data.
+REPORTED = {
+    "sinks must have dtype bfloat16": "upstream/sinks-not-bfloat16",
+    "sinks must be on CUDA": "upstream/not-on-cuda",
+    "sinks must have shape (num_heads)": "arguments/wrong-shape",
+    "sinks must be contiguous": "upstream/not-contiguous",
+    "This flash attention build does not support dropout.": "upstream/build-without-feature",
+    "This flash attention build does not support softcap.": "upstream/build-without-feature",
+    "This flash attention build does not support headdim not being a multiple of 32.": (
+        "upstream/build-without-feature"
+    ),
+    "num_splits > 128 not supported": "upstream/flash-attention-call-limits",
+    "flash_attn at sgl-kernel is only supported on sm90 and cu123 above": (
+        "upstream/sgl-kernel-fa3-unsupported-gpu"
+    ),
+    "Can not import sgl_kernel. Please check your installation.": "upstream/dependency-missing",
+    "assert alibi_slopes is None": "sequence-parallel/alibi-not-supported",
+    "assert total_length % world_size == 0": "sequence-parallel/sequence-not-divisible",
+    "assert nheads_k % heads_k_stride == 0": "upstream/ring-helper-misuse",
+    "USPAttention masked SP path currently expects a [B, S_local] key mask.": (
+        "sequence-parallel/usp-attn-mask"
+    ),
+    "K/V-gather SP supports boolean or integer padding masks.": "sequence-parallel/usp-attn-mask",
+    "K/V-gather SP masked attention expects a [B, S_local] mask.": (
+        "sequence-parallel/usp-attn-mask"
+    ),
+    "Replicated prefix and suffix cannot be used at the same time.": (
+        "sequence-parallel/several-replicated-modes"
+    ),
+    # the package has no varlen USPAttention: sglang's own refusal keeps its upstream page
+    "Varlen USPAttention does not support masks or replicated tokens": (
+        "upstream/sglang-sp-unsupported"
+    ),
+}
+
+
+@pytest.mark.parametrize("template", REPORTED)
+def test_messages_users_found_nothing_for_now_find_their_entry(template):
+    catalog = errors.load()
+    rows = [m for _, m in upstream.messages() if m["template"] == template]
+    assert rows, f"{template!r} is not in errors/upstream/"
+    for row in rows:
+        assert errors.get(row["entry"], catalog)["slug"] == REPORTED[template]
+        for name, form in pasted_forms(row).items():
+            assert errors.lookup(form, catalog)["slug"] == REPORTED[template], (name, form)

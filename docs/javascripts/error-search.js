@@ -7,7 +7,13 @@
 // does, matches the query against them in full: the whole query, each of its lines, and each line
 // without a "ValueError: " style prefix. The best match (removed last, then the template with the
 // most literal text, then the pasted exception type) is put at the top of the search results, above
-// the free-text results.
+// the free-text results. Where nothing matches exactly, the same texts are tried loosely, as
+// `errors.pasted.loose_forms` spells them (white space runs as one space, typographic quotes and
+// backticks as ASCII quotes, every quote as ' or ", without trailing punctuation) against the regexes
+// in any case and with any trailing punctuation (`errors.pasted.compiled`). A traceback that ends in a bare "AssertionError" (an `assert` without a message)
+// is matched by the code line above it against upstream's bare asserts (recorded by their source),
+// those of the traceback's file first, as `errors.upstream.match_code` does; Python's order: exact
+// messages, exact code, loose messages, loose code.
 //
 // A fragment of a message (what a user remembers or copies part of: "disagree on", "must have
 // contiguous last dimension", "exceeds the cache capacity (8 tokens per sequence)") matches no regex in
@@ -25,9 +31,16 @@
 
   const config = JSON.parse(document.getElementById("__config").textContent);
   const base = new URL(config.base.endsWith("/") ? config.base : config.base + "/", location.href);
-  const TYPE_PREFIX = /^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception|Warning)):\s?/;
-  const TYPE_ANYWHERE = /(?:[\w.]+\.)?\w+(?:Error|Exception|Warning):\s?/g;
+  const TYPE_PREFIX = /^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception|Warning)):\s?/i;
+  const TYPE_ANYWHERE = /(?:[\w.]+\.)?\w+(?:Error|Exception|Warning):\s?/gi;
   const CPP_CONTEXT = /\s*Exception raised from /;
+  const BARE = "bare assert";  // an upstream row's kind: an assert without a message, by its source
+  const BARE_EXCEPTION = /^\s*(?:[\w.]+\.)?AssertionError\s*$/i;
+  const FILE_LINE = /^\s*File "([^"]+)", line \d+/;
+  const CARETS = /^\s*[\^~]+\s*$/;
+  // One line (a paste whose line breaks were lost): the last frame's file, its code, a bare AssertionError.
+  const BARE_ONE_LINE = /File "([^"]+)", line \d+(?:, in \S+)?\s+((?:(?!File ").)*?)\s*(?:[\^~]+\s*)?(?:[\w.]+\.)?AssertionError\s*$/si;
+  const QUOTES = {"\u2018": "'", "\u2019": "'", "`": "'", "\u00b4": "'", "\u201c": '"', "\u201d": '"'};
   const WILD = -1;  // a placeholder, in a template read as characters
   const MIN_LITERAL = 10;  // characters of a fragment that must be the template's literal text
   const MAX_FRAGMENT = 400;  // longer text is no fragment (the longest template has 399 characters)
@@ -41,14 +54,50 @@
   // Python's regex dialect (the catalog's) -> JavaScript's: (?s) is the "s" flag, \A and \Z anchor,
   // (?P<name>...) is (?<name>...) and the back-reference (?P=name) is \k<name>. A regex that still
   // does not compile is left out (null), the others still match.
-  function jsRegex(python) {
+  function jsRegex(python, flags = "s") {
     const body = python.replace(/^\(\?s\)/, "").replace(/\\A/g, "^").replace(/\\Z/g, "$")
       .replace(/\(\?P</g, "(?<").replace(/\(\?P=(\w+)\)/g, "\\k<$1>");
     try {
-      return new RegExp(body, "s");
+      return new RegExp(body, flags);
     } catch (error) {
       return null;
     }
+  }
+
+  // The spellings loose matching tries, as loose_forms does.
+  function looseForms(text) {
+    const stem = text.replace(/[\u2018\u2019`\u00b4\u201c\u201d]/g, (c) => QUOTES[c])
+      .split(/\s+/).filter(Boolean).join(" ").replace(/[.!?;:, ]+$/, "");
+    return [...new Set([stem, stem.replace(/"/g, "'"), stem.replace(/'/g, '"')])];
+  }
+
+  // A regex (Python's dialect) that ends its message with any trailing punctuation, or none.
+  function looseRegex(python) {
+    return python.replace(/(?:\\[.?]|[!;:,])*\\Z$/, "[.!?;:,]*\\Z");
+  }
+
+  // The code lines above a bare AssertionError that ends the query (caret lines left out), and the
+  // file of their frame: what a traceback shows of an assert without a message.
+  function bareCode(query) {
+    const lines = query.trimEnd().split(/\r?\n/);
+    if (lines.length > 1 && BARE_EXCEPTION.test(lines[lines.length - 1])) {
+      const code = [];
+      for (const line of lines.slice(0, -1).reverse()) {
+        const frame = line.match(FILE_LINE);
+        if (frame) return {code: code.reverse().join("\n").trim(), path: frame[1]};
+        if (!line.trim() || code.length === 10) break;
+        if (!CARETS.test(line)) code.push(line.trim());
+      }
+      return code.length ? {code: code.reverse().join("\n").trim(), path: null} : null;
+    }
+    const one = query.match(BARE_ONE_LINE);
+    return one && one[2].trim() ? {code: one[2].trim(), path: one[1]} : null;
+  }
+
+  function sameFile(pasted, path) {
+    if (!pasted) return false;
+    const file = pasted.replace(/\\/g, "/");
+    return file === path || file.endsWith("/" + path);
   }
 
   function literalLength(template) {
@@ -101,11 +150,12 @@
           const byId = Object.fromEntries(index.errors.map((e) => [e.id, e]));
           // An upstream wording matches as its entry (its own type: RuntimeError, AssertionError...).
           const upstream = (index.upstream || []).filter((u) => byId[u.entry])
-            .map((u) => ({...byId[u.entry], type: u.type, template: u.template, regex: u.regex}));
+            .map((u) => ({...byId[u.entry], type: u.type, template: u.template, regex: u.regex,
+                          kind: u.kind, path: u.path}));
           return [...own, ...upstream]
-            .map((e) => ({...e, pattern: jsRegex(e.regex), literal: literalLength(e.template),
-                          characters: characters(e.template)}))
-            .filter((e) => e.pattern !== null);
+            .map((e) => ({...e, pattern: jsRegex(e.regex), loose: jsRegex(looseRegex(e.regex), "si"),
+                          literal: literalLength(e.template), characters: characters(e.template)}))
+            .filter((e) => e.pattern !== null && e.loose !== null);
         })
         .catch(() => []);
     }
@@ -134,9 +184,21 @@
   function best(all, query) {
     const typed = (query.trim().split(/\r?\n/).map((l) => l.match(TYPE_PREFIX)).filter(Boolean).pop() || [])[1];
     const texts = candidates(query);
-    const found = all.filter((e) => texts.some((text) => e.pattern.test(text)));
-    found.sort(byRank((e) => [e.status === "removed", -e.literal, typed !== undefined && e.type !== typed]));
-    return found[0];
+    const bare = bareCode(query);
+    const bareRows = all.filter((e) => e.kind === BARE);
+    for (const loose of [false, true]) {
+      const forms = loose ? [...new Set(texts.flatMap(looseForms))] : texts;
+      const found = all.filter((e) => forms.some((text) => (loose ? e.loose : e.pattern).test(text)));
+      found.sort(byRank((e) => [e.status === "removed", -e.literal, typed !== undefined && e.type !== typed]));
+      if (found.length) return found[0];
+      if (bare) {
+        const codes = loose ? looseForms(bare.code) : [bare.code];
+        const rows = bareRows.filter((e) => codes.some((code) => (loose ? e.loose : e.pattern).test(code)));
+        rows.sort(byRank((e) => [!sameFile(bare.path, e.path)]));
+        if (rows.length) return rows[0];
+      }
+    }
+    return undefined;
   }
 
   // The entries whose messages the query is a fragment of, with the best score: one entry each.

@@ -11,6 +11,11 @@
   (as ``ATTN_REF_HOST_CHECKS=0`` does).
 * :func:`merge_attention_states` / :func:`combine_attention_states` - the LSE ⊕ of two / ``n``
   attention states (split-KV combine, ring attention), like :func:`attn_ref.merge_attention_states`.
+* :func:`flash_attn_func`, :func:`flash_attn_varlen_func`, :func:`flash_attn_qkvpacked_func` -
+  FA3's prefill and training entry points, differentiable (sglang's ``sinks`` on the varlen one),
+  like :func:`attn_ref.flash_attn_func` and its siblings (the reference's checks and return
+  layouts): one forward launch and one launch per backward kernel for all the sequences,
+  deterministic (no atomics).
 * :func:`flash_attn_combine` - FA3's combine of split-KV partial states, like
   :func:`attn_ref.flash_attn_combine` (same checks, same return layout).
 * :func:`attention_backward` - the gradients of attention from its saved output and LSE (FA2-style
@@ -26,10 +31,16 @@ designed for Hopper (H100/H200) but is only as measured in ``benchmarks/results/
 """
 
 from .backward import attention_backward
-from .flash_attn import flash_attn_combine
+from .flash_attn import (
+    flash_attn_combine,
+    flash_attn_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+)
 from .host_checks import no_host_checks
 from .kvcache import flash_attn_with_kvcache
 from .merge import combine_attention_states, merge_attention_states
 
 __all__ = ["attention_backward", "combine_attention_states", "flash_attn_combine",
+           "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache", "merge_attention_states", "no_host_checks"]

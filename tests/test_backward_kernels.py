@@ -13,7 +13,8 @@ interpreter on CPU.
   reference backend's.
 * The three kernels compile for CUDA sm_90 and sm_80 without a GPU (a subprocess without
   ``TRITON_INTERPRET``, as in :mod:`test_kernel_compile`, whose signature builder it uses), for the
-  variants :data:`COMPILE_VARIANTS` plan.
+  variants :data:`COMPILE_VARIANTS` plan, batched and packed (the varlen backward of
+  :mod:`kernels.flash_attn`).
 """
 
 from __future__ import annotations
@@ -129,29 +130,40 @@ def test_kernel_sequence_parallel_gradients_equal_the_reference():
         torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-5)
 
 
-#: (dtype, head dim, softcap, GQA, with dlse): every constexpr branch of the three kernels (the
-#: masks are runtime values).
+#: (dtype, head dim, softcap, GQA, with dlse, packed): every constexpr branch of the three kernels
+#: (the masks are runtime values), on batched tensors and on packed sequences (varlen: batch stride
+#: 0, the rows placed by the sequence table).
 COMPILE_VARIANTS = [
-    (torch.float16, 128, False, True, True),
-    (torch.bfloat16, 256, False, True, False),
-    (torch.bfloat16, 64, True, False, True),
-    (torch.float32, 64, True, True, False),
+    (torch.float16, 128, False, True, True, False),
+    (torch.bfloat16, 256, False, True, False, False),
+    (torch.bfloat16, 64, True, False, True, False),
+    (torch.float32, 64, True, True, False, False),
+    (torch.bfloat16, 128, False, True, True, True),
+    (torch.float16, 64, True, False, False, True),
 ]
 
 
-def _compile_launches(dtype, d, softcap, gqa, with_dlse):
-    """The launches of one backward call (``B=2, Sq=128, Sk=192, H=8``), planned as the launcher
-    does."""
-    from kernels.backward import plan_dkdv, plan_dq, plan_preprocess
+def _compile_launches(dtype, d, softcap, gqa, with_dlse, packed):
+    """The launches of one backward call (``B=2, Sq=128, Sk=192, H=8``; packed: the same two
+    sequences laid end to end), planned as the launchers do."""
+    from kernels.backward import batch_sequences, plan_dkdv, plan_dq, plan_preprocess
 
     b, sq, sk, h = 2, 128, 192, 8
     hk = 2 if gqa else h
-    q, out = torch.empty(b, sq, h, d, dtype=dtype), torch.empty(b, sq, h, d, dtype=dtype)
-    k, v = torch.empty(b, sk, hk, d, dtype=dtype), torch.empty(b, sk, hk, d, dtype=dtype)
-    stats = torch.empty(b, h, sq)  # lse and delta, [B, H, Sq] fp32
-    dlse = torch.empty(b, h, sq).transpose(1, 2) if with_dlse else None  # as the launcher's, a view
+    rows, keys = ((b * sq,), (b * sk,)) if packed else ((b, sq), (b, sk))
+    q, out = torch.empty(*rows, h, d, dtype=dtype), torch.empty(*rows, h, d, dtype=dtype)
+    k, v = torch.empty(*keys, hk, d, dtype=dtype), torch.empty(*keys, hk, d, dtype=dtype)
+    stats = torch.empty(h, b * sq) if packed else torch.empty(b, h, sq)  # lse and delta, fp32
+    dlse = torch.empty(stats.shape) if with_dlse else None
+    sequences = batch_sequences(b, sq, sk, "cpu")
+    if packed:  # sequence i starts at row i * sq, key i * sk
+        sequences = sequences._replace(
+            q_starts=torch.tensor([0, sq], dtype=torch.int32),
+            k_starts=torch.tensor([0, sk], dtype=torch.int32),
+        )
+    softcap = 30.0 if softcap else 0.0
     return [
-        plan_preprocess(out, out, dlse, stats),
+        plan_preprocess(out, out, dlse, stats, sequences, sq),
         plan_dkdv(
             q,
             k,
@@ -161,9 +173,11 @@ def _compile_launches(dtype, d, softcap, gqa, with_dlse):
             stats,
             torch.empty(k.shape),
             torch.empty(v.shape),
+            sequences,
+            (sq, sk),
             0.1,
             CAUSAL,
-            softcap=30.0 if softcap else 0.0,
+            softcap,
         ),
         plan_dq(
             q,
@@ -173,9 +187,11 @@ def _compile_launches(dtype, d, softcap, gqa, with_dlse):
             stats,
             stats,
             torch.empty(q.shape),
+            sequences,
+            (sq, sk),
             0.1,
             CAUSAL,
-            softcap=30.0 if softcap else 0.0,
+            softcap,
         ),
     ]
 

@@ -19,55 +19,19 @@ import torch
 
 import attn_ref
 from attn_ref import dense
+from flash_attn_cases import (
+    HEADS,
+    I32,
+    OPTIONS,
+    cu_seqlens,
+    expected,
+    padding_lengths,
+    random_problem,
+)
 from tolerance import assert_close_fa, assert_lse_close
 
-I32 = torch.int32
 #: ``(seqlen_q, seqlen_k)``: FA's grid, sampled so that the module runs in well under a minute.
 SEQLENS = [(1, 1), (1, 3), (3, 1), (64, 128), (113, 203), (128, 217), (239, 1), (1023, 1024)]
-#: the forward's mask and softcap options, one of each family
-OPTIONS = {
-    "full": {},
-    "causal": dict(causal=True),
-    "window": dict(window_size=(37, 11)),
-    "causal-window": dict(causal=True, window_size=(20, -1)),
-    "chunk": dict(attention_chunk=48),
-    "softcap": dict(softcap=2.5),
-}
-HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (3, 1)}
-
-
-def _dense(q, k, v, upcast=True, sinks=None, **options):
-    """``attn_ref.dense.attention`` one sequence at a time (as the oracle attends)."""
-    states = [
-        dense.attention(
-            q[i : i + 1], k[i : i + 1], v[i : i + 1], sinks=sinks, upcast=upcast, **options
-        )
-        for i in range(q.shape[0])
-    ]
-    return tuple(torch.cat(parts) for parts in zip(*states))
-
-
-def _problem(b, sq, sk, h, h_k, d, dv, dtype, seed):
-    gen = torch.Generator().manual_seed(seed)
-    return tuple(
-        torch.randn(*shape, generator=gen).to(dtype)
-        for shape in ((b, sq, h, d), (b, sk, h_k, d), (b, sk, h_k, dv), (b, sq, h, dv))
-    )
-
-
-def _expected(q, k, v, dout, dlse, **options):
-    """``(out64, lse64, grads64, out_lowp, grads_lowp)``: float64 autograd of the dense formula, and
-    FA's low-precision baseline (the dense formula in q's dtype)."""
-    leaves = [x.double().requires_grad_() for x in (q, k, v)]
-    out64, lse64 = _dense(*leaves, **options)
-    loss = (out64 * dout.double()).sum() + (lse64.nan_to_num(0, 0, 0) * dlse.double()).sum()
-    grads64 = torch.autograd.grad(loss, leaves)
-    low = [x.clone().requires_grad_() for x in (q, k, v)]
-    out_low, lse_low = _dense(*low, upcast=False, **options)
-    loss = (out_low.float() * dout.float()).sum() + (
-        lse_low.float().nan_to_num(0, 0, 0) * dlse
-    ).sum()
-    return out64, lse64, grads64, out_low, torch.autograd.grad(loss, low)
 
 
 def _cases():
@@ -90,7 +54,7 @@ def test_flash_attn_func_output_and_gradients(seqlens, heads, option, dtype):
     sq, sk = seqlens
     h, h_k = HEADS[heads]
     b, d = (1, 32) if sq > 1000 else (2, 48)
-    q, k, v, dout = _problem(b, sq, sk, h, h_k, d, d, dtype, seed=sq * 7 + sk)
+    q, k, v, dout = random_problem(b, sq, sk, h, h_k, d, d, dtype, seed=sq * 7 + sk)
     dlse = torch.randn(b, h, sq, generator=torch.Generator().manual_seed(sk))
     options = OPTIONS[option]
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -100,23 +64,12 @@ def test_flash_attn_func_output_and_gradients(seqlens, heads, option, dtype):
     grads = torch.autograd.grad(
         (out.float() * dout.float()).sum() + (lse.nan_to_num(0, 0, 0) * dlse).sum(), leaves
     )
-    out64, lse64, grads64, out_low, grads_low = _expected(q, k, v, dout, dlse, **options)
+    out64, lse64, grads64, out_low, grads_low = expected(q, k, v, dout, dlse, **options)
     assert_close_fa(out, out64, out_low)
     assert_lse_close(lse, lse64.float())
     for name, grad, grad64, grad_low in zip("qkv", grads, grads64, grads_low):
         assert grad.dtype == dtype, name
         assert_close_fa(grad, grad64, grad_low)
-
-
-def _padding_lengths(b, seqlen, gen, zero_lengths=False):
-    """FA's ``generate_random_padding_mask`` as lengths: each in ``[max(1, seqlen - 20),
-    seqlen]`` (or ``[0, seqlen]`` with ``zero_lengths``)."""
-    low = 0 if zero_lengths else max(1, seqlen - 20)
-    return torch.randint(low, seqlen + 1, (b,), generator=gen).tolist()
-
-
-def _cu(lengths):
-    return torch.tensor([0] + lengths, dtype=I32).cumsum(0).to(I32)
 
 
 @pytest.mark.parametrize("seqused", [False, True])
@@ -139,8 +92,8 @@ def test_flash_attn_varlen_func(seqlens, option, heads, zero_lengths, seqused):
     h, h_k = HEADS[heads]
     b, d, dtype = 3, 32, torch.bfloat16
     gen = torch.Generator().manual_seed(sq + 3 * sk + seqused)
-    lengths_q = _padding_lengths(b, sq, gen, zero_lengths)
-    lengths_k = _padding_lengths(b, sk, gen, zero_lengths)
+    lengths_q = padding_lengths(b, sq, gen, zero_lengths)
+    lengths_k = padding_lengths(b, sk, gen, zero_lengths)
     used_q = [torch.randint(0, n + 1, (), generator=gen).item() for n in lengths_q]
     used_k = [torch.randint(0, n + 1, (), generator=gen).item() for n in lengths_k]
     if not seqused:
@@ -156,8 +109,8 @@ def test_flash_attn_varlen_func(seqlens, option, heads, zero_lengths, seqused):
     extra = (torch.tensor(used_q, dtype=I32), torch.tensor(used_k, dtype=I32)) if seqused else ()
     out, lse, *rest = attn_ref.flash_attn_varlen_func(
         *leaves,
-        _cu(lengths_q),
-        _cu(lengths_k),
+        cu_seqlens(lengths_q),
+        cu_seqlens(lengths_k),
         max(lengths_q),
         max(lengths_k),
         *extra,
@@ -170,7 +123,7 @@ def test_flash_attn_varlen_func(seqlens, option, heads, zero_lengths, seqused):
     inputs = leaves + ([] if sinks is None else [sink_leaf])
     loss = (out.float() * dout.float()).sum() + (lse.nan_to_num(0, 0, 0) * dlse).sum()
     grads = torch.autograd.grad(loss, inputs)
-    starts_q, starts_k = _cu(lengths_q).tolist(), _cu(lengths_k).tolist()
+    starts_q, starts_k = cu_seqlens(lengths_q).tolist(), cu_seqlens(lengths_k).tolist()
     dsinks64 = torch.zeros(h, dtype=torch.float64)
     for i in range(b):
         rows = slice(starts_q[i], starts_q[i] + used_q[i])
@@ -234,7 +187,7 @@ def test_flash_attn_qkvpacked_func(layout):
 def test_qv_forward_and_no_gradient():
     """``qv`` adds ``qv·v`` to the scores (forward); asking for a gradient through it is refused at
     the forward."""
-    q, k, v, qv = _problem(2, 7, 9, 4, 2, 32, 16, torch.float32, seed=1)
+    q, k, v, qv = random_problem(2, 7, 9, 4, 2, 32, 16, torch.float32, seed=1)
     out = attn_ref.flash_attn_func(q, k, v, causal=True, qv=qv)
     out64, _ = dense.attention(q.double(), k.double(), v.double(), qv=qv.double(), causal=True)
     torch.testing.assert_close(out.double(), out64, atol=1e-5, rtol=1e-5)
@@ -251,7 +204,7 @@ def test_qv_forward_and_no_gradient():
 def test_performance_switches_change_nothing_and_backward_is_deterministic():
     """``num_splits``, ``pack_gqa``, ``sm_margin``, ``deterministic`` give the same bits; two
     backward passes give bitwise-equal gradients."""
-    q, k, v, dout = _problem(2, 70, 90, 4, 2, 32, 32, torch.bfloat16, seed=2)
+    q, k, v, dout = random_problem(2, 70, 90, 4, 2, 32, 32, torch.bfloat16, seed=2)
 
     def run(**switches):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -268,7 +221,7 @@ def test_performance_switches_change_nothing_and_backward_is_deterministic():
 
 def test_memory_stays_bounded(monkeypatch):
     """With a tiny score budget the forward and backward tile finely and give the same results."""
-    q, k, v, dout = _problem(2, 50, 70, 4, 2, 16, 16, torch.float32, seed=3)
+    q, k, v, dout = random_problem(2, 50, 70, 4, 2, 16, 16, torch.float32, seed=3)
 
     def run():
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -287,7 +240,7 @@ def test_memory_stays_bounded(monkeypatch):
 def test_row_with_no_key_and_zero_length_sequences():
     """Causal with ``s_q > s_k``: the first rows see no key (out 0, lse -inf, zero gradients); a
     varlen batch with empty sequences."""
-    q, k, v, dout = _problem(1, 5, 2, 2, 1, 16, 16, torch.float16, seed=4)
+    q, k, v, dout = random_problem(1, 5, 2, 2, 1, 16, 16, torch.float16, seed=4)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     out, lse = attn_ref.flash_attn_func(*leaves, causal=True, return_attn_probs=True)
     assert out[0, :3].abs().max() == 0 and (lse[0, :, :3] == -float("inf")).all()

@@ -3,7 +3,10 @@
 The variants are real calls (:func:`kvcache_cases.make_case`) planned by
 :func:`kernels.kvcache.plan_kvcache`, the function ``flash_attn_with_kvcache`` itself runs: the
 exact kernels, tiles, warps, stages and compile-time switches of a GPU launch (append, attention,
-split combine), plus the standalone merge. Each is handed to ``triton.compile(ASTSource(...),
+split combine), plus the standalone merge and the forward launches of FA3's prefill entry points
+(:data:`FLASH_ATTN_VARIANTS`, planned by :func:`kernels.flash_attn.plan_packed_attention`, the
+function ``flash_attn_func`` and ``flash_attn_varlen_func`` run; their backward launches are
+compiled by :mod:`test_backward_kernels`). Each is handed to ``triton.compile(ASTSource(...),
 target=GPUTarget("cuda", arch, 32))``, which produces PTX and a cubin on a CPU machine.
 
 Compiling needs real ``@triton.jit`` functions, but the test session imports :mod:`kernels` in
@@ -177,6 +180,33 @@ VARIANTS = {
         dict(num_splits=1),
     ),
 }
+#: name -> the keywords of :func:`_flash_attn_launches`: the forward launch of FA3's prefill entry
+#: points (``kernels.flash_attn``: packed q, the packed K/V read as one cache row from each
+#: sequence's left padding), batched and varlen, with masks, softcap, sinks and qv.
+FLASH_ATTN_VARIANTS = {
+    "flash_attn_func_bf16_gqa_causal": dict(
+        dtype=BF16,
+        heads=8,
+        heads_k=2,
+        d=128,
+        lengths_q=[256, 256],
+        lengths_k=[256, 256],
+        causal=True,
+    ),
+    "flash_attn_varlen_fp16_window_softcap_sinks_qv": dict(
+        dtype=FP16,
+        heads=6,
+        heads_k=2,
+        d=64,
+        dv=128,
+        qv=True,
+        lengths_q=[100, 0, 37],
+        lengths_k=[120, 5, 37],
+        window=(32, 0),
+        softcap=5.0,
+        sinks=True,
+    ),
+}
 ARCHS = [90, 80]
 
 
@@ -203,6 +233,70 @@ def _variant_launches(case: dict, knobs: dict, value_checks: bool = True):
     return launches
 
 
+def _flash_attn_launches(
+    dtype,
+    heads,
+    heads_k,
+    d,
+    lengths_q,
+    lengths_k,
+    dv=None,
+    qv=False,
+    sinks=False,
+    causal=False,
+    window=(-1, -1),
+    softcap=0.0,
+):
+    """The forward launches ``kernels.flash_attn_varlen_func`` runs for sequences of
+    ``lengths_q`` rows and ``lengths_k`` keys (``flash_attn_func``'s, when they are all equal)."""
+    from attn_ref.flash_attn import resolve_varlen_call
+    from kernels.flash_attn import plan_packed_attention, sequence_table
+
+    dv = dv or d
+    total_q, total_k = sum(lengths_q), sum(lengths_k)
+    q = torch.zeros(total_q, heads, d, dtype=dtype)
+    k, v = (
+        torch.zeros(total_k, heads_k, d, dtype=dtype),
+        torch.zeros(total_k, heads_k, dv, dtype=dtype),
+    )
+    cu_q, cu_k = (
+        torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32)
+        for lengths in (lengths_q, lengths_k)
+    )
+    call = resolve_varlen_call(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        max(lengths_q),
+        max(lengths_k),
+        None,
+        None,
+        None,
+        causal,
+        torch.zeros(total_q, heads, dv, dtype=dtype) if qv else None,
+        window,
+        0,
+        softcap,
+        torch.zeros(heads) if sinks else None,
+    )
+    table, max_seqlens = sequence_table(call.sequences, q.device)
+    launches, _ = plan_packed_attention(
+        call.q,
+        call.k,
+        call.v,
+        call.qv,
+        call.sinks,
+        table,
+        max_seqlens,
+        call.softmax_scale,
+        call.mask,
+        call.softcap,
+    )
+    return launches
+
+
 def compile_all(arch: int) -> dict[str, str]:
     """Compile every variant for ``cuda`` ``arch``; returns ``{variant/kernel: "ok" or the
     error}``."""
@@ -211,33 +305,41 @@ def compile_all(arch: int) -> dict[str, str]:
     from triton.compiler import ASTSource
 
     results, seen = {}, set()
-    for name, (case, knobs) in VARIANTS.items():
-        if arch < 89 and case["dtype"] == FP8:
+    planned = [
+        (name, launch)
+        for name, (case, knobs) in VARIANTS.items()
+        if arch >= 89 or case["dtype"] != FP8
+        for launch in _variant_launches(case, knobs)
+    ]
+    planned += [
+        (name, launch)
+        for name, keywords in FLASH_ATTN_VARIANTS.items()
+        for launch in _flash_attn_launches(**keywords)
+    ]
+    for name, launch in planned:
+        signature, constexprs, attrs = launch_signature(launch)
+        key = (
+            launch.kernel.__name__,
+            json.dumps(signature, sort_keys=True),
+            repr(sorted(constexprs.items(), key=repr)),
+        )
+        if key in seen:
             continue
-        for launch in _variant_launches(case, knobs):
-            signature, constexprs, attrs = launch_signature(launch)
-            key = (
-                launch.kernel.__name__,
-                json.dumps(signature, sort_keys=True),
-                repr(sorted(constexprs.items(), key=repr)),
+        seen.add(key)
+        label = f"{name}/{launch.kernel.__name__}"
+        try:
+            source = ASTSource(
+                fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs
             )
-            if key in seen:
-                continue
-            seen.add(key)
-            label = f"{name}/{launch.kernel.__name__}"
-            try:
-                source = ASTSource(
-                    fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs
-                )
-                compiled = triton.compile(
-                    source,
-                    target=GPUTarget("cuda", arch, 32),
-                    options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages),
-                )
-                assert compiled.asm.get("cubin"), "no cubin produced"
-                results[label] = "ok"
-            except Exception as error:  # reported per variant by the test below
-                results[label] = f"{type(error).__name__}: {error}"[:2000]
+            compiled = triton.compile(
+                source,
+                target=GPUTarget("cuda", arch, 32),
+                options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages),
+            )
+            assert compiled.asm.get("cubin"), "no cubin produced"
+            results[label] = "ok"
+        except Exception as error:  # reported per variant by the test below
+            results[label] = f"{type(error).__name__}: {error}"[:2000]
     return results
 
 

@@ -42,10 +42,19 @@ def run_cli(*argv, cwd=ROOT):
     ids=["ref", "kernels"],
 )
 def test_implementations_pass_quick(fn):
+    """Every feature passes, except the prefill section's features of functions the package does
+    not export (reported "not exported"; see test_conformance_prefill.py)."""
     report = run_conformance(fn, select="quick")
     assert report.exit_status == 0, report.text()
     assert {f.name for f in report.features} == {f.name for f in FEATURES}
-    assert all(f.status == "pass" and f.probes >= 1 for f in report.features)
+    exported = {name.partition(":")[2] for name in report.exports}
+    features = {feature.name: feature for feature in FEATURES}
+    for result in report.features:
+        feature = features[result.name]
+        if feature.function is None or (feature.function in exported and not feature.keywords):
+            assert result.status == "pass" and result.probes >= 1, result.name
+        else:
+            assert result.status in ("pass", "not exported"), result.name
 
 
 @pytest.mark.parametrize(

@@ -105,7 +105,9 @@ my_attention = write_module(HEADER, BODY)  # the first key is always position 0
 # `run_conformance` takes a `module:function` string (or the function). `select="quick"` runs one
 # probe per feature, a few seconds for a PyTorch implementation on a CPU; `default` and `full` run
 # more variants at larger sizes. The report lists every feature: pass, fail or not supported, the
-# worst error as a ratio of the allowed error (at most 1 passes), and the time.
+# worst error as a ratio of the allowed error (at most 1 passes), and the time. `my_attention`
+# exports none of FA3's prefill functions (`flash_attn_func`...), so the last line says that the
+# suite's prefill section is not applicable.
 
 # %%
 report = run_conformance("my_attention:flash_attn_with_kvcache", select="quick")

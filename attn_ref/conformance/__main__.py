@@ -1,5 +1,6 @@
 """``python -m attn_ref.conformance TARGET [options]``: run the suite, print the report, exit 0 only
 when no feature failed (1 when one did, 2 for a bad command line or a target that cannot be loaded).
+The prefill section tests the FA3 prefill functions the target's module exports beside it.
 
 On a CPU device, ``TRITON_INTERPRET=1`` is set (unless set already) before the target is imported,
 so a Triton target runs in Triton's interpreter.
@@ -24,8 +25,10 @@ DTYPES = {
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m attn_ref.conformance",
-        description="Check a flash_attn_with_kvcache implementation against the attn_ref float64 "
-        "oracle and sglang's API contract, feature by feature.",
+        description="Check a flash_attn_with_kvcache implementation (and the FA3 prefill "
+        "functions its module exports: flash_attn_func, flash_attn_varlen_func, "
+        "flash_attn_qkvpacked_func, flash_attn_combine) against the attn_ref float64 oracle and "
+        "the API contract, feature by feature.",
     )
     p.add_argument(
         "target", nargs="?", help="module:function, e.g. kernels:flash_attn_with_kvcache"

@@ -5,6 +5,8 @@ or with a module attribute ``CONFORMANCE_UNSUPPORTED`` (an iterable of names) on
 defines it, or an attribute of the same name on the function itself; the three are united. Every
 feature that needs a declared capability is reported "not supported" (never skipped silently), and
 a ``NotImplementedError`` raised by a feature that needs none of them is a failure like any other.
+(A prefill function the target does not export is not a capability: its features are reported
+"not exported", :mod:`attn_ref.conformance.prefill`.)
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ CAPABILITIES = {
     "out": "out= (a preallocated output)",
     "ver": "ver (SGL-B rejects ver != 3 first)",
     "sglang_errors": "sglang's Python ValueErrors, their text and order",
+    "backward": "gradients of flash_attn_func, flash_attn_varlen_func, flash_attn_qkvpacked_func",
+    "chunk_backward": "gradients with attention_chunk (FA3's backward asserts it away)",
+    "prefill_errors": "the reference's exception types and messages for invalid prefill calls",
 }
 
 ATTRIBUTE = "CONFORMANCE_UNSUPPORTED"

@@ -5,7 +5,8 @@ Value-like probes are random valid calls of :func:`calls.make_case`: :data:`BASE
 ``--dtype``) changed only by what the feature is about, so that a bug shows up in the feature it
 belongs to. A size scales the cache capacity (and ``seqlen_q`` by the square root) and takes the
 first variant (``quick``) or all of them. The error features run every case of their table at
-every size (they raise before any attention is computed).
+every size (they raise before any attention is computed). The prefill section's features are
+:data:`prefill.PREFILL`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .errors_contract import check_error, check_rejected, error_case
 from .grid import Feature, Probe, Size
 from .in_place import check_in_place, check_out_buffer, out_buffer_case
 from .odd_shapes import check_call, strided_case
+from .prefill import PREFILL
 from .values import check_values, check_values_and_partials
 
 BASE = dict(batch=3, seqlen_q=3, capacity=16, heads=2, heads_k=2, d=16)
@@ -396,4 +398,4 @@ ODD_SHAPES = [
     ),
 ]
 
-FEATURES = [*VALUES, *IN_PLACE, *ERRORS, *ODD_SHAPES]
+FEATURES = [*VALUES, *IN_PLACE, *ERRORS, *ODD_SHAPES, *PREFILL]

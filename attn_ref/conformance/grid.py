@@ -1,10 +1,12 @@
 """The shape of the suite: features, their probes, the sizes, and what ``--select`` picks.
 
 A *feature* is one thing an implementation can get wrong on its own (``values/leftpad``,
-``in_place/append``, ``errors/sglang_order``...), in one of four families: ``values`` (out and LSE
+``in_place/append``, ``errors/sglang_order``...), in one of five families: ``values`` (out and LSE
 against the float64 oracle), ``in_place`` (what the call writes), ``errors`` (what it refuses, and
-how) and ``odd_shapes``. A feature needs *capabilities* (``paged``, ``fp8``...): the names a target
-may declare unsupported (:mod:`attn_ref.conformance.capabilities`).
+how), ``odd_shapes``, and ``prefill``, the section of FA3's prefill functions that the target may
+export beside it (:mod:`attn_ref.conformance.prefill`). A feature needs *capabilities* (``paged``,
+``fp8``...): the names a target may declare unsupported
+(:mod:`attn_ref.conformance.capabilities`).
 
 A *probe* is one call of the target and its verdict: the builder of its arguments and the builder's
 keyword arguments (written out again in a failure's repro snippet), the extra keyword arguments of
@@ -15,11 +17,11 @@ size (``quick``, ``default``, ``full``) takes the first or all of them at a scal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from .capabilities import check_names
 
-FAMILIES = ("values", "in_place", "errors", "odd_shapes")
+FAMILIES = ("values", "in_place", "errors", "odd_shapes", "prefill")
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,11 @@ SIZES = {
 
 @dataclass(frozen=True)
 class Probe:
-    """One call: ``args = builder(**build)``, ``outcome = target(**args, **knobs)`` (or the
-    exception it raised), ``verdict = check(before, args, outcome, **check_args)`` with ``before`` a
-    CPU copy of ``args`` taken before the call."""
+    """One call: ``args = builder(**build)``, ``outcome = target(**args, **knobs)`` (or, with
+    ``call``, ``call(target, args, knobs)``; or the exception it raised), ``verdict = check(before,
+    args, outcome, **check_args)`` with ``before`` a CPU copy of ``args`` taken before the call.
+    ``function``: the prefill function called (None: ``flash_attn_with_kvcache``), whose defaults
+    :func:`call.call_kwargs` leaves out."""
 
     feature: str
     label: str
@@ -54,17 +58,23 @@ class Probe:
     check: Callable
     knobs: dict = field(default_factory=dict)
     check_args: dict = field(default_factory=dict)
+    call: Optional[Callable] = None
+    function: Optional[str] = None
 
 
 @dataclass(frozen=True)
 class Feature:
     """``probes(size, dtype, seed, device)`` lists the probes of one size; ``needs`` are the
-    capabilities it exercises."""
+    capabilities it exercises; ``function`` is the prefill function its probes call (None: the
+    target itself), and ``keywords`` the keywords that function must take
+    (:meth:`target.Target.missing`)."""
 
     name: str
     summary: str
     needs: tuple[str, ...]
     probes: Callable[[Size, object, int, str], list[Probe]]
+    function: Optional[str] = None
+    keywords: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:

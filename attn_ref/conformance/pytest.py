@@ -9,7 +9,8 @@ In a test module of your own::
 
 ``pytest -k test_my_kernel`` then reports ``test_my_kernel[values/leftpad]`` and so on: a failure
 carries the verdict and the repro snippet; a feature that needs a declared-unsupported capability is
-skipped with the reason "not supported" (``pytest -rs`` lists them).
+skipped with the reason "not supported" (``pytest -rs`` lists them), and a prefill feature whose
+function the target does not export with the reason "not exported".
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from .grid import Feature
-from .report import FAIL, NOT_SUPPORTED
+from .report import FAIL, NOT_EXPORTED, NOT_SUPPORTED
 from .runner import plan, run_feature
 
 
@@ -35,11 +36,13 @@ def conformance_test(
 ) -> Callable:
     """A pytest test function parametrised over the selected features (arguments as
     :func:`attn_ref.conformance.run_conformance`); bind it to a ``test_*`` name in a test module."""
-    fn, name, declared, size, features = plan(target, select, unsupported)
+    found, declared, size, features = plan(target, select, unsupported)
 
     @pytest.mark.parametrize("feature", features, ids=[feature.name for feature in features])
     def test_conformance(feature: Feature) -> None:
-        result = run_feature(fn, name, feature, size, dtype, seed, str(device), declared)
+        result = run_feature(found, feature, size, dtype, seed, str(device), declared)
+        if result.status == NOT_EXPORTED:
+            pytest.skip(f"not exported: {feature.name} calls {', '.join(result.not_exported)}")
         if result.status == NOT_SUPPORTED:
             pytest.skip(
                 f"not supported: {feature.name} needs {', '.join(result.unsupported)}, declared "

@@ -1,5 +1,7 @@
-"""The report of a run: per feature pass / fail / not supported, the worst error as a ratio of the
-allowed error, the time, and for each failed probe what went wrong and a repro snippet.
+"""The report of a run: per feature pass / fail / not supported / not exported, the worst error as a
+ratio of the allowed error, the time, and for each failed probe what went wrong and a repro snippet.
+A prefill feature whose function the target does not export is "not exported"; when every selected
+prefill feature is, the text leaves them out of its table and says the section is not applicable.
 
 :meth:`Report.to_json` is what ``--report FILE.json`` writes; :meth:`Report.text` what the command
 line prints; :attr:`Report.exit_status` is 0 only when no feature failed.
@@ -12,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-PASS, FAIL, NOT_SUPPORTED = "pass", "fail", "not supported"
+PASS, FAIL, NOT_SUPPORTED, NOT_EXPORTED = "pass", "fail", "not supported", "not exported"
 
 
 @dataclass
@@ -28,7 +30,8 @@ class Failure:
 class FeatureResult:
     """``worst_ratio``: the largest error ratio of the feature's probes (None when none was
     measured, e.g. error checks; ``inf`` for an exact check that failed); ``unsupported``: the
-    declared capabilities that made it "not supported"."""
+    declared capabilities that made it "not supported"; ``not_exported``: the function (or
+    ``function(keyword=)``) that the target does not export and the feature calls."""
 
     name: str
     summary: str
@@ -38,10 +41,14 @@ class FeatureResult:
     seconds: float = 0.0
     failures: list[Failure] = field(default_factory=list)
     unsupported: list[str] = field(default_factory=list)
+    not_exported: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Report:
+    """``exports``: the prefill functions found beside the target (``module:function``), whether
+    or not a selected feature called them."""
+
     target: str
     device: str
     dtype: str
@@ -49,6 +56,7 @@ class Report:
     seed: int
     unsupported: list[str]
     features: list[FeatureResult]
+    exports: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[FeatureResult]:
@@ -86,20 +94,36 @@ class Report:
             ),
             "",
         ]
-        width = max((len(f.name) for f in self.features), default=0)
-        for f in self.features:
+        prefill = [f for f in self.features if f.name.startswith("prefill/")]
+        inapplicable = bool(prefill) and all(f.status == NOT_EXPORTED for f in prefill)
+        rows = [f for f in self.features if not (inapplicable and f.name.startswith("prefill/"))]
+        width = max((len(f.name) for f in rows), default=0)
+        for f in rows:
             ratio = "" if f.worst_ratio is None else f"worst error ratio {f.worst_ratio:.3g}"
             if f.status == NOT_SUPPORTED:
                 ratio = f"declared unsupported: {', '.join(f.unsupported)}"
+            if f.status == NOT_EXPORTED:
+                ratio = f"the target does not export {', '.join(f.not_exported)}"
             lines.append(
                 f"{f.status.upper():<13} {f.name:<{width}}  {f.probes:>3} probes  "
                 f"{f.seconds:6.2f}s  {ratio}"
             )
-        counts = {s: sum(f.status == s for f in self.features) for s in (PASS, FAIL, NOT_SUPPORTED)}
+        statuses = (PASS, FAIL, NOT_SUPPORTED, NOT_EXPORTED)
+        counts = {s: sum(f.status == s for f in self.features) for s in statuses}
         lines += ["", ", ".join(f"{n} {s}" for s, n in counts.items())]
+        if prefill:
+            lines.append(self._prefill_line(inapplicable))
         for f in self.failed:
             for failure in f.failures:
                 lines += ["", f"FAIL {f.name} [{failure.label}]: {failure.detail}"]
                 if repros:
                     lines += ["", failure.repro]
         return "\n".join(lines)
+
+    def _prefill_line(self, inapplicable: bool) -> str:
+        """What the prefill section tested: the functions found, or that it is not applicable (its
+        features, all "not exported", are then left out of the table)."""
+        found = ", ".join(self.exports) or "none of FA3's prefill functions"
+        if inapplicable:
+            return f"prefill section: not applicable, the target exports {found}"
+        return f"prefill section: {found}"

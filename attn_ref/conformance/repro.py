@@ -18,12 +18,18 @@ def repro_snippet(probe: Probe, args: dict, target: str) -> str:
     head, _, rest = path.partition(".")
     fn = f"{head}.{rest}" if rest else "fn"
     imported = f"from {module} import {head}" if rest else f"from {module} import {head} as fn"
-    passed_args = [
-        f"{name}=args[{name!r}]"
-        if name in args and name not in probe.knobs
-        else f"{name}={value!r}"
-        for name, value in call_kwargs(args, probe.knobs).items()
-    ]
+    if probe.call is None:
+        passed_args = [
+            f"{name}=args[{name!r}]"
+            if name in args and name not in probe.knobs
+            else f"{name}={value!r}"
+            for name, value in call_kwargs(args, probe.knobs, probe.function).items()
+        ]
+        call = f"{fn}({', '.join(passed_args)})"
+        call_import = []
+    else:  # the probe calls the target its own way (e.g. forward, then backward)
+        call = f"{probe.call.__name__}({fn}, args, {probe.knobs!r})"
+        call_import = [f"from {probe.call.__module__} import {probe.call.__name__}"]
     check_args = "".join(f", {key}={val!r}" for key, val in probe.check_args.items())
     lines = [
         f"# Repro: {probe.feature} [{probe.label}], attn_ref conformance suite, target {target}",
@@ -31,13 +37,14 @@ def repro_snippet(probe: Probe, args: dict, target: str) -> str:
         "",
         "from attn_ref.conformance.call import cpu_copy",
         f"from {probe.builder.__module__} import {probe.builder.__name__}",
+        *call_import,
         f"from {probe.check.__module__} import {probe.check.__name__}",
         imported,
         "",
         f"args = {probe.builder.__name__}({_kwargs(probe.build)})",
         "before = cpu_copy(args)  # the oracle's copy, taken before the call",
         "try:",
-        f"    outcome = {fn}({', '.join(passed_args)})",
+        f"    outcome = {call}",
         "except Exception as exc:",
         "    outcome = exc",
         f"verdict = {probe.check.__name__}(before, args, outcome{check_args})",

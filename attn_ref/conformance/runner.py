@@ -11,9 +11,9 @@ from .call import call_target, cpu_copy
 from .capabilities import declared_unsupported
 from .features import FEATURES
 from .grid import Feature, Probe, Size, select as select_features
-from .report import FAIL, NOT_SUPPORTED, PASS, Failure, FeatureResult, Report
+from .report import FAIL, NOT_EXPORTED, NOT_SUPPORTED, PASS, Failure, FeatureResult, Report
 from .repro import repro_snippet
-from .target import load_target, target_name
+from .target import Target, resolve_target
 from .verdict import Verdict, failed
 
 
@@ -33,23 +33,25 @@ def run_conformance(
     ``select``: ``quick`` / ``default`` / ``full``, or feature and family names (see
     :func:`grid.select`); ``unsupported``: capabilities the target declares it lacks, united with
     its ``CONFORMANCE_UNSUPPORTED``; ``progress`` is called with each feature's result as it is
-    done.
+    done. The prefill features call the functions found beside the target
+    (:func:`target.resolve_target`); those it does not export are reported "not exported".
     """
-    fn, name, declared, size, chosen = plan(target, select, unsupported, features)
+    found, declared, size, chosen = plan(target, select, unsupported, features)
     results = []
     for feature in chosen:
-        result = run_feature(fn, name, feature, size, dtype, seed, str(device), declared)
+        result = run_feature(found, feature, size, dtype, seed, str(device), declared)
         results.append(result)
         if progress is not None:
             progress(result)
     return Report(
-        name,
+        found.name,
         str(device),
         str(dtype).removeprefix("torch."),
         size.name,
         seed,
         sorted(declared),
         results,
+        [found.import_name(export) for export in found.exports],
     )
 
 
@@ -58,19 +60,17 @@ def plan(
     select: Union[str, list[str]],
     unsupported: Iterable[str],
     features: Optional[list[Feature]] = None,
-) -> tuple[Callable, str, frozenset, Size, list[Feature]]:
-    """The function, its ``module:function`` name, its declared-unsupported capabilities, the size
-    and the features of a run (every name checked before anything runs)."""
-    fn = load_target(target) if isinstance(target, str) else target
-    name = target if isinstance(target, str) else target_name(fn)
-    declared = declared_unsupported(fn, unsupported)
+) -> tuple[Target, frozenset, Size, list[Feature]]:
+    """The target (with the prefill functions beside it), its declared-unsupported capabilities,
+    the size and the features of a run (every name checked before anything runs)."""
+    found = resolve_target(target)
+    declared = declared_unsupported(found.fn, unsupported)
     size, chosen = select_features(FEATURES if features is None else features, select)
-    return fn, name, declared, size, chosen
+    return found, declared, size, chosen
 
 
 def run_feature(
-    fn: Callable,
-    name: str,
+    target: Target,
     feature: Feature,
     size: Size,
     dtype: torch.dtype,
@@ -78,10 +78,15 @@ def run_feature(
     device: str,
     declared: frozenset,
 ) -> FeatureResult:
-    """One feature: "not supported" if it needs a declared capability, else all its probes."""
+    """One feature: "not exported" if it calls a function (or keyword) the target does not export,
+    "not supported" if it needs a declared capability, else all its probes."""
+    absent = target.missing(feature.function, feature.keywords)
+    if absent:
+        return FeatureResult(feature.name, feature.summary, NOT_EXPORTED, not_exported=absent)
     missing = sorted(set(feature.needs) & declared)
     if missing:
         return FeatureResult(feature.name, feature.summary, NOT_SUPPORTED, unsupported=missing)
+    fn, name = target.function(feature.function), target.import_name(feature.function)
     start = time.perf_counter()
     result = FeatureResult(feature.name, feature.summary, PASS)
     for probe in feature.probes(size, dtype, seed, device):
@@ -103,7 +108,7 @@ def run_probe(fn: Callable, probe: Probe) -> tuple[dict, Verdict]:
     outcome, e.g. a result of the wrong structure, is a failure too)."""
     args = probe.builder(**probe.build)
     before = cpu_copy(args)
-    outcome = call_target(fn, args, probe.knobs)
+    outcome = call_target(fn, args, probe.knobs, probe.call, probe.function)
     try:
         return args, probe.check(before, args, outcome, **probe.check_args)
     except Exception as exc:  # the result is malformed in a way the check did not foresee

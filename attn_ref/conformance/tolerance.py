@@ -81,6 +81,15 @@ def rounding_atol(out_ref: torch.Tensor) -> float:
     return max(EPS, 2 * (noisy - out_ref.float()).abs().max().item())
 
 
+def sum_rounding_atol(terms: torch.Tensor, dtype: torch.dtype) -> float:
+    """For a sum whose terms each carry one rounding of ``dtype`` (a gradient summed over rows that
+    may cancel, e.g. the sinks'): twice the worst error those roundings give, ``2 eps(dtype) max
+    Σ|terms|`` with ``terms`` the sums of the terms' magnitudes."""
+    if terms.numel() == 0:
+        return EPS
+    return max(EPS, 2 * torch.finfo(dtype).eps * terms.abs().max().item())
+
+
 def lse_error(lse: torch.Tensor, lse_ref: torch.Tensor) -> tuple[float, str]:
     """fp32 LSEs as ``(ratio, what)``: same dtype, shape and +-inf entries (``inf`` otherwise),
     finite entries within fp32 summation noise, ``|lse - ref| <= 1e-5 + 1e-5 |ref|``."""

@@ -113,7 +113,9 @@ def flash_attn_with_kvcache(
     ``score_mod`` and ``aux_tensors`` are accepted and ignored (the kernels always pack the
     query heads of a KV head into one tile); ``ver`` must be 3, as in sglang. Under CUDA graph
     capture (or :func:`kernels.no_host_checks`, ``ATTN_REF_HOST_CHECKS=0``) the value checks are
-    skipped and nothing is read back to the host (:mod:`kernels.host_checks`).
+    skipped and nothing is read back to the host (:mod:`kernels.host_checks`). A call that raises
+    leaves ``k_cache`` and ``v_cache`` as they were, even when a launch fails after the append
+    (:mod:`kernels.kvcache`, "All or nothing").
     """
     device = v_cache.device if isinstance(v_cache, torch.Tensor) else torch.device("cpu")
     call = check_kvcache_args(

@@ -5,8 +5,8 @@ raises one catalogued error, with the argument's name in its message. ``_require
 tensor's type, rank, shape, dtype and device, or the range of index values; the others read an
 option's value as FA3 does: ints in int64 range (:func:`_int64`, :func:`_require_int`), bools
 (:func:`_flag`), reals used in float32 (:func:`_require_real`, :func:`_require_float32_finite`,
-:func:`_float32`), and sglang's default ``softmax_scale`` (:func:`_default_scale`). The mask
-options are read by :class:`attn_ref.masks.AttentionMask`.
+:func:`_require_base2_finite`, :func:`_float32`), and sglang's default ``softmax_scale``
+(:func:`_default_scale`). The mask options are read by :class:`attn_ref.masks.AttentionMask`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from typing import Optional, Sequence
 import torch
 
 from .call import FLOAT32_MAX, INT64_MAX, SUPPORTED_DTYPES
+
+#: log2(e): FA3 folds it into the logit factor for its base-2 softmax (``exp2``).
+LOG2E = math.log2(math.e)
 
 
 def _require_tensor(name: str, x: object) -> None:
@@ -166,6 +169,17 @@ def _require_float32_finite(name: str, x: float) -> None:
     there."""
     if not (math.isfinite(x) and abs(x) <= FLOAT32_MAX):
         raise ValueError(f"{name} must be finite in float32 (|{name}| <= 3.4e38), got {x!r}")
+
+
+def _require_base2_finite(name: str, x: float) -> None:
+    """FA3 runs the softmax in base 2: it computes with ``name · log2(e)`` (the logit factor,
+    ``softcap`` when on, else ``softmax_scale``) as a float32, which overflows to inf beyond
+    :data:`~attn_ref.call.FLOAT32_MAX` ``/ log2(e)`` (then the logits are inf or NaN there). ``x``
+    is checked as the float32 value FA3 gets."""
+    if abs(_float32(x)) * LOG2E > FLOAT32_MAX:
+        raise ValueError(
+            f"{name} · log2(e) must be finite in float32 (|{name}| <= 2.3587e38), got {x!r}"
+        )
 
 
 def _float32(x: float) -> float:

@@ -108,7 +108,7 @@ class KVCacheCall:
     batch: BatchTable
     page_size: int
     capacity: int
-    softmax_scale: float
+    softmax_scale: float  # the float32 value FA3 uses
     mask: AttentionMask  # FA3-normalised and bounded by the static lengths
     softcap: float  # 0 = off; else the float32 value FA3 uses
     rotary_interleaved: bool

@@ -42,6 +42,7 @@ import torch
 from .argument_checks import (
     _flag,
     _float32,
+    _require_base2_finite,
     _require_contiguous_last_dim,
     _require_cu_seqlens,
     _require_device,
@@ -463,9 +464,10 @@ def _check_sinks(sinks, layout: _Layout) -> None:
 
 
 def _check_scalars(softmax_scale, softcap) -> tuple[float, float]:
-    """``softmax_scale`` and ``softcap`` reach FA3's kernels as float32: real numbers, finite there;
-    ``softcap <= 0`` (and NaN) is off. Returns them as floats, softcap rounded to float32 (0 =
-    off)."""
+    """``softmax_scale`` and ``softcap`` reach FA3's kernels as float32: real numbers, finite there,
+    and so is the base-2 logit factor FA3 makes of them (``softcap`` or ``softmax_scale`` times
+    log2(e)); ``softcap <= 0`` (and NaN) is off. Returns them rounded to float32 (softcap 0 = off),
+    the values FA3 computes with: the call record's, which the reference and the kernels use."""
     softmax_scale = _require_real("softmax_scale", softmax_scale)
     _require_float32_finite("softmax_scale", softmax_scale)
     # transformers' "off"; FA3's and sglang's ops reject None (a float argument)
@@ -476,7 +478,11 @@ def _check_scalars(softmax_scale, softcap) -> tuple[float, float]:
     softcap = _require_real("softcap", softcap)
     softcap = 0.0 if math.isnan(softcap) or softcap <= 0 else softcap
     _require_float32_finite("softcap", softcap)
-    return softmax_scale, _float32(softcap)
+    if softcap > 0:
+        _require_base2_finite("softcap", softcap)
+    else:
+        _require_base2_finite("softmax_scale", softmax_scale)
+    return _float32(softmax_scale), _float32(softcap)
 
 
 def _check_num_splits(num_splits) -> int:

@@ -170,7 +170,7 @@ def _require_finite_logits(call: KVCacheCall) -> None:
     bound *= abs(scale)
     if bound > FLOAT32_MAX / 4:  # margin for the base-2 logits and the log-sum-exp
         raise ValueError(
-            f"softmax_scale={scale!r} can make the logits overflow float32 for these inputs "
+            f"softmax_scale={scale:.7g} can make the logits overflow float32 for these inputs "
             f"(|softmax_scale · q·k| up to {bound:.3g}); use a smaller softmax_scale"
         )
 

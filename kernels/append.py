@@ -16,10 +16,18 @@ packed: a static bound on every ``N_i``; programs past ``N_i`` exit); a program 
 tokens of one KV head.
 Mirrors :mod:`attn_ref.append` (``_append_kv_entry``: one batch entry; ``append_kv``: the loop over
 entries, here the grid) with :mod:`attn_ref.paged` and :mod:`attn_ref.rotary`.
+
+The same kernel backs the slots up (:func:`plan_slot_backup`, for :mod:`kernels.kvcache`'s
+all-or-nothing call): with its runtime flag ``save`` at 1 it copies the slots ``C_i + t`` out into
+buffers shaped as ``k`` / ``v``; run again on those buffers with ``save`` at 0 (no rotary), it
+writes them back.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
 import triton
 import triton.language as tl
 
@@ -38,21 +46,47 @@ def plan_append_kv(call: KVCacheCall) -> Launch | None:
     """
     if not call.appending:
         return None
-    k, v, kc, vc = call.k, call.v, call.k_cache, call.v_cache
+    return _plan_slot_copy(call, call.k, call.v, call.rotary_cos is not None, save=0)
+
+
+def plan_slot_backup(call: KVCacheCall) -> tuple[Launch, Launch] | None:
+    """``(save, restore)`` for a call that appends (None otherwise): ``save`` copies the cache
+    slots the append is about to overwrite into new buffers shaped as ``k`` and ``v`` (the cache's
+    dtypes), ``restore`` writes them back, bit for bit. Both are the append kernel without rotary,
+    its runtime ``save`` flag 1 or 0, on the same tensors: one compiled variant, so once ``save``
+    has run, ``restore`` needs no compilation and no allocation (:mod:`kernels.kvcache` runs it
+    when a launch after the first cache write fails).
+    """
+    if not call.appending:
+        return None
+    saved_k = torch.empty(call.k.shape, dtype=call.k_cache.dtype, device=call.k_cache.device)
+    saved_v = torch.empty(call.v.shape, dtype=call.v_cache.dtype, device=call.v_cache.device)
+    save = _plan_slot_copy(call, saved_k, saved_v, False, save=1)
+    args = save.runtime_args()  # the dummy tensors too, allocated now
+    save = dataclasses.replace(save, args=args)
+    return save, dataclasses.replace(save, args={**args, "save": 0})
+
+
+def _plan_slot_copy(call: KVCacheCall, k, v, rotary: bool, save: int) -> Launch:
+    """The append kernel's launch moving tokens between ``k`` / ``v`` (``(b, s_new, h_k, dim)``, or
+    ``(total_new, h_k, dim)`` packed) and the cache slots of the call's new tokens: into the slots
+    (rotating the keys when ``rotary``), or out of them when ``save`` is 1."""
+    kc, vc = call.k_cache, call.v_cache
     packed = k.dim() == 3  # (total_new, h_k, dim) with cu_seqlens_k_new
     k_strides = (0, *k.stride()[:2]) if packed else k.stride()[:3]
     v_strides = (0, *v.stride()[:2]) if packed else v.stride()[:3]
     block_t = 16 if call.head_dim > 128 else 32
-    rotary = call.rotary_cos is not None
     args = dict(
         k_ptr=k, v_ptr=v, k_cache_ptr=kc, v_cache_ptr=vc, page_table_ptr=call.page_table,
-        rotary_tables=(call.rotary_cos, call.rotary_sin), batch_table=call.batch,
+        rotary_tables=(call.rotary_cos, call.rotary_sin) if rotary else (None, None),
+        batch_table=call.batch,
         stride_kb=k_strides[0], stride_kt=k_strides[1], stride_kh=k_strides[2],
         stride_vb=v_strides[0], stride_vt=v_strides[1], stride_vh=v_strides[2],
         stride_kc=tuple(kc.stride()[:3]), stride_vc=tuple(vc.stride()[:3]),
         stride_table=call.page_table.stride(0) if call.paged else 0,
         page_size=max(call.page_size, 1),
-        stride_rotary=call.rotary_cos.stride(0) if rotary else 0, rotary_dim=call.rotary_dim,
+        stride_rotary=call.rotary_cos.stride(0) if rotary else 0,
+        rotary_dim=call.rotary_dim if rotary else 0, save=save,
     )
     constexprs = dict(
         D=call.head_dim, DV=call.head_dim_v, BLOCK_T=block_t,
@@ -69,11 +103,11 @@ def plan_append_kv(call: KVCacheCall) -> Launch | None:
                   dummy_device=kc.device)
 
 
-# No integer specialisation for the new tokens' strides and the small tables (see
+# No integer specialisation for the new tokens' strides, the small tables and the save flag (see
 # kernels.attention): they stay parameters of their own; the groups hold pointers and cache strides.
 @triton.jit(do_not_specialize=["stride_kb", "stride_kt", "stride_kh",
                                "stride_vb", "stride_vt", "stride_vh",
-                               "stride_table", "page_size", "stride_rotary", "rotary_dim"])
+                               "stride_table", "page_size", "stride_rotary", "rotary_dim", "save"])
 def _append_kv_entry_kernel(
     k_ptr,  # (b, s_new, h_k, d) or (total_new, h_k, d): new keys
     v_ptr,  # (b, s_new, h_k, dv) or (total_new, h_k, dv): new values
@@ -91,6 +125,7 @@ def _append_kv_entry_kernel(
     page_size,  # P (PAGED only)
     stride_rotary,  # cos.stride(0)
     rotary_dim,  # channels rotated (ROTARY only)
+    save,  # 1: copy the slots' contents into k / v instead (the backup, ROTARY off); else 0
     D: tl.constexpr, DV: tl.constexpr,  # head dims
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGED: tl.constexpr,
@@ -125,8 +160,10 @@ def _append_kv_entry_kernel(
             k_new = apply_rotary(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr,
                                  stride_rotary, rotary_dim, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32
             store_as(k_dst, k_new, k_mask, ROUND_TO)
-        else:
+        elif save == 0:
             tl.store(k_dst, tl.load(k_rows + offs_d[None, :], mask=k_mask), mask=k_mask)
+        else:
+            tl.store(k_rows + offs_d[None, :], tl.load(k_dst, mask=k_mask), mask=k_mask)
 
         # ---- values: copied as they are ------------------------------------------------------
         offs_dv = tl.arange(0, BLOCK_DV)  # (BLOCK_DV,)
@@ -135,4 +172,7 @@ def _append_kv_entry_kernel(
         v_rows = v_ptr + batch64 * stride_vb + new_row[:, None] * stride_vt + head64 * stride_vh
         # (BLOCK_T, BLOCK_DV)
         v_dst = v_cache_ptr + v_slots[:, None] + head64 * stride_vc[2] + offs_dv[None, :]
-        tl.store(v_dst, tl.load(v_rows + offs_dv[None, :], mask=v_mask), mask=v_mask)
+        if save == 0:
+            tl.store(v_dst, tl.load(v_rows + offs_dv[None, :], mask=v_mask), mask=v_mask)
+        else:
+            tl.store(v_rows + offs_dv[None, :], tl.load(v_dst, mask=v_mask), mask=v_mask)

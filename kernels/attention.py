@@ -276,7 +276,8 @@ def _split_states_kernel(
             FEATURES.ROTARY, FEATURES.INTERLEAVED, FEATURES.ROTARY_FIXED, COMPUTE_DTYPE, Q_PARTS)
         descale_at = batch64 * stride_descale + kv_head
         q_descale_ptr, k_descale_ptr, v_descale_ptr = descales
-        softmax_scale, softcap = scales
+        # float32, as on a GPU (the interpreter passes Python floats on, fp64 when subnormal)
+        softmax_scale, softcap = tl.cast(scales[0], tl.float32), tl.cast(scales[1], tl.float32)
         scale, v_scale = _dequantize(softmax_scale, q_descale_ptr + descale_at,
                                      k_descale_ptr + descale_at, v_descale_ptr + descale_at,
                                      FEATURES.HAS_DESCALE)

@@ -30,15 +30,27 @@ a batch entry's rows, keys or new tokens exit at once. So without the value chec
 device value on the host and can be captured in a CUDA graph (and replayed with new
 ``cache_seqlens``, page table and tokens in the same tensors).
 
-:func:`plan_kvcache` plans a validated call (the launches in order, and the result tensors they
-fill); :func:`attend` runs only the attention and combine of a call whose new tokens are already in
-the cache.
+**All or nothing.** A call that raises leaves the caches bit for bit as they were. Everything that
+can fail before a kernel runs (validation, every allocation: results, partials, the backup) happens
+before the first cache write; after it, any failure (a compile error, out of memory, an interpreter
+error, ``KeyboardInterrupt``) writes the overwritten slots back before it propagates
+(:func:`_run_all_or_nothing`). The slots are copied out by a launch just before the append
+(:func:`kernels.append.plan_slot_backup`), whose compiled variant also restores them. The other
+design, attending the new tokens from ``k``/``v`` and writing the cache last, would move the append
+into the attention kernel; this one keeps the kernels as they are for the price of one small copy
+of the new tokens' slots. ``out`` (when given) may be partly written by a failed call. Under CUDA
+graph capture nothing runs, so nothing is restored; an asynchronous device fault (an illegal
+address) surfaces after the call and cannot be undone.
+
+:func:`plan_kvcache` plans a validated call (the launches in order, the result tensors they fill,
+the backup); :func:`attend` runs only the attention and combine of a call whose new tokens are
+already in the cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 
@@ -46,10 +58,10 @@ from attn_ref.call import KVCacheCall
 from attn_ref.error_notes import catalogued
 from attn_ref.validation import check_kvcache_args
 
-from .append import plan_append_kv
+from .append import plan_append_kv, plan_slot_backup
 from .attention import plan_attention
 from .host_checks import value_checks_enabled
-from .launch import num_sms
+from .launch import Launch, num_sms
 from .merge import plan_merge
 from .splits import attention_tiles, choose_num_splits
 
@@ -101,7 +113,9 @@ def flash_attn_with_kvcache(
     ``score_mod`` and ``aux_tensors`` are accepted and ignored (the kernels always pack the
     query heads of a KV head into one tile); ``ver`` must be 3, as in sglang. Under CUDA graph
     capture (or :func:`kernels.no_host_checks`, ``ATTN_REF_HOST_CHECKS=0``) the value checks are
-    skipped and nothing is read back to the host (:mod:`kernels.host_checks`).
+    skipped and nothing is read back to the host (:mod:`kernels.host_checks`). A call that raises
+    leaves ``k_cache`` and ``v_cache`` as they were, even when a launch fails after the append
+    (:mod:`kernels.kvcache`, "All or nothing").
     """
     device = v_cache.device if isinstance(v_cache, torch.Tensor) else torch.device("cpu")
     call = check_kvcache_args(
@@ -117,25 +131,58 @@ def flash_attn_with_kvcache(
         return_softmax_lse=return_softmax_lse, value_checks=value_checks_enabled(device),
     )
     with torch.no_grad():  # not differentiable, as the reference
-        launches, (result, lse, out_accum, lse_accum) = plan_kvcache(call)
-        for launch in launches:
-            launch.run()
+        plan = plan_kvcache(call)
+        _run_all_or_nothing(plan)
+    result, lse, out_accum, lse_accum = plan.results
     if call.return_softmax_lse:
         return result, lse, out_accum, lse_accum
     return result
 
 
-def plan_kvcache(call: KVCacheCall):
-    """Plan a validated call: ``(launches, (out, lse, out_accum, lse_accum))``.
+class KVCachePlan(NamedTuple):
+    """A planned call (:func:`plan_kvcache`): ``launches`` in order (append, attention, combine),
+    the ``results`` ``(out, lse, out_accum, lse_accum)`` they fill, and, when the call appends,
+    ``backup``: the ``(save, restore)`` launches of :func:`kernels.append.plan_slot_backup`."""
 
-    The result tensors are allocated here and filled by running ``launches`` in order (append,
-    attention, combine). ``tests/test_kernel_compile.py`` compiles these same launches for
-    sm_90/sm_80.
+    launches: list[Launch]
+    results: tuple
+    backup: Optional[tuple[Launch, Launch]]
+
+
+def plan_kvcache(call: KVCacheCall) -> KVCachePlan:
+    """Plan a validated call: a :class:`KVCachePlan`, every tensor it needs allocated.
+
+    ``tests/test_kernel_compile.py`` compiles these same launches for sm_90/sm_80.
     """
     call = _kernel_ready(call)
     append = plan_append_kv(call)
     launches, results = plan_attend(call)
-    return ([append] if append is not None else []) + launches, results
+    backup = plan_slot_backup(call)
+    return KVCachePlan(([append] if append is not None else []) + launches, results, backup)
+
+
+def _run_all_or_nothing(plan: KVCachePlan) -> None:
+    """Run the planned launches; if one raises after the first cache write (anything, even
+    ``KeyboardInterrupt``), write the saved slots back first (module docstring). The restore is the
+    compiled variant ``save`` ran, on tensors allocated before it: it needs nothing that can fail
+    for want of memory or a compiler."""
+    if plan.backup is None:  # nothing is written into the cache
+        for launch in plan.launches:
+            launch.run()
+        return
+    save, restore = plan.backup
+    save.run()
+    try:
+        for launch in plan.launches:
+            launch.run()
+    except BaseException as failure:
+        device = restore.dummy_device  # the caches'
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            try:
+                restore.run()
+            except BaseException as restore_failure:
+                failure.add_note(f"the KV cache could not be restored: {restore_failure!r}")
+        raise
 
 
 def attend(call: KVCacheCall):

@@ -73,7 +73,9 @@ class Launch:
     def runtime_args(self) -> dict[str, Any]:
         """``args`` with every ``None`` replaced by a dummy int32 tensor (never dereferenced;
         ``empty`` launches no fill kernel, so a CUDA graph of a call holds only the real
-        launches)."""
+        launches), allocated only when there is a ``None``."""
+        if all(x is not None for x in _leaves(self.args.values())):
+            return dict(self.args)
         dummy = torch.empty(1, dtype=torch.int32, device=self.dummy_device)
         return {k: _filled(v, dummy) for k, v in self.args.items()}
 

@@ -2,11 +2,12 @@
 
 The variants are real calls (:func:`kvcache_cases.make_case`) planned by
 :func:`kernels.kvcache.plan_kvcache`, the function ``flash_attn_with_kvcache`` itself runs: the
-exact kernels, tiles, warps, stages and compile-time switches of a GPU launch (append, attention,
-split combine), plus the standalone merge and the forward launches of FA3's prefill entry points
-(:data:`FLASH_ATTN_VARIANTS`, planned by :func:`kernels.flash_attn.plan_packed_attention`, the
-function ``flash_attn_func`` and ``flash_attn_varlen_func`` run; their backward launches are
-compiled by :mod:`test_backward_kernels`). Each is handed to ``triton.compile(ASTSource(...),
+exact kernels, tiles, warps, stages and compile-time switches of a GPU launch (the backup of the
+appended slots, append, attention, split combine), plus the standalone merge and the forward
+launches of FA3's prefill entry points (:data:`FLASH_ATTN_VARIANTS`, planned by
+:func:`kernels.flash_attn.plan_packed_attention`, the function ``flash_attn_func`` and
+``flash_attn_varlen_func`` run; their backward launches are compiled by
+:mod:`test_backward_kernels`). Each is handed to ``triton.compile(ASTSource(...),
 target=GPUTarget("cuda", arch, 32))``, which produces PTX and a cubin on a CPU machine.
 
 Compiling needs real ``@triton.jit`` functions, but the test session imports :mod:`kernels` in
@@ -211,8 +212,8 @@ ARCHS = [90, 80]
 
 
 def _variant_launches(case: dict, knobs: dict, value_checks: bool = True):
-    """The launches ``kernels.flash_attn_with_kvcache`` runs for one call, plus a standalone
-    merge."""
+    """The launches ``kernels.flash_attn_with_kvcache`` runs (or, on a failure, restores the cache
+    with) for one call, plus a standalone merge."""
     from attn_ref.validation import check_kvcache_args
     from kernels.kvcache import plan_kvcache
     from kernels.merge import plan_merge
@@ -222,9 +223,10 @@ def _variant_launches(case: dict, knobs: dict, value_checks: bool = True):
     if args.get("cache_seqlens") is not None and args.get("k") is None:
         # long contexts
         args["cache_seqlens"] = torch.full_like(args["cache_seqlens"], case["capacity"])
-    launches, (out, lse, _, _) = plan_kvcache(
-        check_kvcache_args(**args, **knobs, value_checks=value_checks)
-    )
+    plan = plan_kvcache(check_kvcache_args(**args, **knobs, value_checks=value_checks))
+    # the backup of the appended slots (its restore is the same variant), append, attention, combine
+    launches = [*(plan.backup or ()), *plan.launches]
+    out = plan.results[0]
     # merge_attention_states: two fp32 states (A0, A1, A2, dim)
     states = torch.zeros(2, 1, 1, 15, 64)
     lses = torch.zeros(2, 1, 1, 15)

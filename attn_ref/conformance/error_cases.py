@@ -532,6 +532,17 @@ PACKAGE_CHECKS = {
         ValueError,
         "softcap must be finite in float32 (|softcap| <= 3.4e38), got 1e+39",
     ),
+    "softcap_base2_overflows": (
+        lambda a: dict(a, softcap=3e38),
+        ValueError,
+        "softcap · log2(e) must be finite in float32 (|softcap| <= 2.3587e38), got 3e+38",
+    ),
+    "softmax_scale_base2_overflows": (
+        lambda a: dict(a, softmax_scale=-2.4e38),
+        ValueError,
+        "softmax_scale · log2(e) must be finite in float32 (|softmax_scale| <= 2.3587e38), "
+        "got -2.4e+38",
+    ),
     "softmax_scale_str": (
         lambda a: dict(a, softmax_scale="x"),
         TypeError,

@@ -43,7 +43,6 @@ from .argument_checks import (
     _require_index_range,
     _require_int,
     _require_ndim,
-    _require_real,
     _require_shape,
     _require_tensor,
 )
@@ -58,6 +57,7 @@ from .fa3_checks import (
 )
 from .masks import AttentionMask
 from .merge import check_state, combine_attention_states
+from .validation import _check_scalars
 
 
 @catalogued
@@ -512,13 +512,15 @@ def _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
 
 def _options(q, qv, softmax_scale, causal, window_size, chunk, softcap):
     """The checked scalar options: ``(softmax_scale, mask, softcap)``, the scale defaulting to
-    ``(d + d_qv) ** -0.5``."""
+    ``(d + d_qv) ** -0.5``; the scale and the softcap (0: off, as any value <= 0) are the float32
+    values FA3 computes with, read as ``flash_attn_with_kvcache`` reads them
+    (:func:`~attn_ref.validation._check_scalars`)."""
     mask = AttentionMask(causal, window_size, chunk)
     if softmax_scale is None:
         dims = q.shape[-1] + (0 if qv is None else qv.shape[-1])
         softmax_scale = _default_scale("d + d_qv" if qv is not None else "d", dims)
-    scale = _require_real("softmax_scale", softmax_scale)
-    return scale, mask, _require_real("softcap", softcap)
+    scale, softcap = _check_scalars(softmax_scale, softcap)
+    return scale, mask, softcap
 
 
 class _PackedAttention(torch.autograd.Function):

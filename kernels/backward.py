@@ -303,6 +303,8 @@ def _dkdv_kernel(
     BLOCK_N: tl.constexpr = TILE.BLOCK_N
     BLOCK_D: tl.constexpr = TILE.BLOCK_D
     BLOCK_DV: tl.constexpr = TILE.BLOCK_DV
+    # float32, as on a GPU (the interpreter passes Python floats on, fp64 when subnormal)
+    softmax_scale, softcap = tl.cast(softmax_scale, tl.float32), tl.cast(softcap, tl.float32)
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     b, hk = (pid_bh // nheads_k).to(tl.int64), (pid_bh % nheads_k).to(tl.int64)
     q_start, seqlen_q, k_start, seqlen_k = _sequence(sequences, b)
@@ -366,6 +368,8 @@ def _dq_kernel(
     BLOCK_N: tl.constexpr = TILE.BLOCK_N
     BLOCK_D: tl.constexpr = TILE.BLOCK_D
     BLOCK_DV: tl.constexpr = TILE.BLOCK_DV
+    # float32, as on a GPU (the interpreter passes Python floats on, fp64 when subnormal)
+    softmax_scale, softcap = tl.cast(softmax_scale, tl.float32), tl.cast(softcap, tl.float32)
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = (pid_bh // nheads).to(tl.int64), (pid_bh % nheads).to(tl.int64)
     q_start, seqlen_q, k_start, seqlen_k = _sequence(sequences, b)

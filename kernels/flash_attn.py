@@ -355,12 +355,12 @@ def plan_packed_attention(q, k, v, qv, sinks, table: SequenceTable, max_seqlens:
     (:func:`kernels.kvcache.plan_kvcache` of :func:`_kvcache_call`) and the tensors it fills, ``out
     (total_q, h, d_v)`` in q's dtype and ``lse (h, total_q)`` fp32, allocated here as 0 and
     ``-inf``: the values rows past ``seqused_q`` keep (no program writes them)."""
-    launches, (out, lse, _, _) = plan_kvcache(
-        _kvcache_call(q, k, v, qv, sinks, table, max_seqlens, scale, mask, softcap)
-    )
+    plan = plan_kvcache(_kvcache_call(q, k, v, qv, sinks, table, max_seqlens, scale, mask,
+                                      softcap))  # nothing appended: no cache backup to run
+    out, lse, _, _ = plan.results
     out.zero_()
     lse.fill_(float("-inf"))
-    return launches, (out, lse)
+    return plan.launches, (out, lse)
 
 
 def _kvcache_call(q, k, v, qv, sinks, table: SequenceTable, max_seqlens: tuple[int, int],

@@ -378,3 +378,37 @@ def test_errors_are_the_references(call):
             call(api, q, k, v)
         raised.append((type(exc.value), str(exc.value)))
     assert raised[0] == raised[1]
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        (dict(softmax_scale=1e-45), None),  # subnormal in float32: the interpreter's fp64 trap
+        (dict(softmax_scale=0.1 + 1e-12, softcap=3.0 + 1e-12), None),  # float64-only values
+        (dict(softmax_scale=-0.0), None),
+        (dict(softcap=-2.0), None),  # <= 0 is off, as FA3 reads it
+        (dict(softcap=2.4e38), "softcap · log2(e) must be finite in float32"),
+        (dict(softmax_scale=3.5e38), "softmax_scale must be finite in float32"),
+    ],
+)
+def test_scalars_are_the_float32_values_fa3_uses(options, error):
+    """Scalars through both implementations, forward and backward: FA3's float32 values give the
+    same results (the reference's fp32 math and the kernels), or both raise the same error."""
+    q, k, v, _ = random_problem(1, 5, 7, 4, 2, 16, 16, F32, seed=3)
+    outcomes = {}
+    for name, api in IMPLEMENTATIONS.items():
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        try:
+            out = api.flash_attn_func(*leaves, causal=True, **options)
+        except ValueError as exc:
+            outcomes[name] = str(exc)
+            continue
+        out.sum().backward()
+        outcomes[name] = (out.detach(), *(x.grad for x in leaves))
+    ref, got = outcomes["reference"], outcomes["kernels"]
+    if error is not None:
+        assert isinstance(ref, str) and ref.startswith(error) and got == ref
+        return
+    for x, x_ref in zip(got, ref):
+        assert x.isfinite().all()
+        torch.testing.assert_close(x, x_ref, atol=1e-5, rtol=1e-5)

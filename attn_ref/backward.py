@@ -31,9 +31,11 @@ softcap · tanh(scale · s_ij / softcap)`` (``s_ij = q_i·k_j``), whose derivati
 tanh²)``: ``dS`` is multiplied by ``1 - (ℓ_ij / softcap)²`` before it enters ``dQ`` and ``dK``.
 
 The arithmetic is fp32 for fp16/bf16/fp32 inputs (float64 for float64 inputs, so that
-``torch.autograd.gradcheck`` can check it), with bounded memory: query rows are processed in chunks
-as in the forward, so no score tensor has more than :data:`~attn_ref.attention.MAX_SCORE_ELEMENTS`
-entries. The pieces have the names of their Triton twins in :mod:`kernels.backward` (same signature
+``torch.autograd.gradcheck`` can check it), with bounded memory: query rows are processed in the
+forward's tiles (:func:`_row_tiles`), so no score tensor has more than
+:data:`~attn_ref.attention.MAX_SCORE_ELEMENTS` entries, and each tile only over the keys its rows
+see (the forward's block skipping: a causal backward computes about half of the score matrix). The
+pieces have the names of their Triton twins in :mod:`kernels.backward` (same signature
 for :func:`attention_backward`), in FlashAttention-2's arrangement: :func:`_preprocess` (``D``),
 :func:`_dkdv` (``dK``, ``dV``) and :func:`_dq` (``dQ``), each recomputing ``P`` with
 :func:`_probabilities` and ``dS`` with :func:`_dscores`. Inside, query and output tensors are viewed
@@ -56,7 +58,7 @@ from .argument_checks import (
     _require_shape,
     _require_tensor,
 )
-from .attention import MAX_SCORE_ELEMENTS, _logits
+from .attention import MAX_SCORE_ELEMENTS, ROWS_PER_TILE, _logits
 from .error_notes import catalogued
 from .masks import NO_MASK, AttentionMask
 
@@ -183,18 +185,21 @@ def _dkdv(
     and over the ``g`` query heads of each KV head (GQA). ``q [b, s_q, h_k, g, d]``, ``k [b, s_k,
     h_k, d]``, ``v [b, s_k, h_k, d_v]``, ``dout [b, s_q, h_k, g, d_v]``, ``lse``, ``delta`` ``[b,
     s_q, h_k, g]``; ``mask``: the forward's :class:`~attn_ref.masks.AttentionMask`. The rows are
-    taken in chunks (:func:`_row_chunks`), as the kernel takes them in blocks of ``BLOCK_M``.
+    taken in tiles (:func:`_row_tiles`), as the kernel takes them in blocks of ``BLOCK_M``, each
+    over the keys ``[lo, hi)`` its rows see: the other keys get nothing from it.
     """
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    for r0, r1 in _row_chunks(q, k):
+    for r0, r1, key_range in _row_tiles(q, k, mask):
+        keys = slice(*key_range[:2])  # [lo, hi)
         q_r, do_r = q[:, r0:r1], dout[:, r0:r1]  # [b, rows, h_k, g, d], [b, rows, h_k, g, d_v]
         lse_r, delta_r = _row_stats(lse, delta, r0, r1)
         p, softcap_grad = _probabilities(
-            q_r, k, lse_r, r0, q.shape[1], softmax_scale, softcap, mask
+            q_r, k, lse_r, r0, q.shape[1], key_range, softmax_scale, softcap, mask
         )
-        dv += torch.einsum("bkgrn,brkgd->bnkd", p, do_r)  # dV = Pᵀ dO, summed over G
-        ds = _dscores(p, do_r, v, delta_r, softcap_grad)
-        dk += torch.einsum("bkgrn,brkgd->bnkd", ds, q_r)  # dK = dSᵀ Q (· scale), summed over G
+        dv[:, keys] += torch.einsum("bkgrn,brkgd->bnkd", p, do_r)  # dV = Pᵀ dO, summed over G
+        ds = _dscores(p, do_r, v[:, keys], delta_r, softcap_grad)
+        # dK = dSᵀ Q (· scale), summed over G
+        dk[:, keys] += torch.einsum("bkgrn,brkgd->bnkd", ds, q_r)
     return dk.mul_(softmax_scale), dv
 
 
@@ -204,27 +209,39 @@ def _dq(
     """``dQ_i = scale · Σ_j dS_ij k_j`` over all keys, ``[b, s_q, h_k, g, d]`` (arguments as
     :func:`_dkdv`).
 
-    Each chunk of rows is finished on its own: its ``P`` and ``dS`` over every key give its ``dQ``,
-    as a kernel program finishes its ``BLOCK_M`` rows by looping over the key blocks.
+    Each tile of rows is finished on its own: its ``P`` and ``dS`` over the keys ``[lo, hi)`` it
+    sees give its ``dQ``, as a kernel program finishes its ``BLOCK_M`` rows by looping over the
+    key blocks of ``[lo, hi)``. Rows of a tile that sees no key keep ``dQ = 0``.
     """
-    dq = torch.empty_like(q)
-    for r0, r1 in _row_chunks(q, k):
+    dq = torch.zeros_like(q)
+    for r0, r1, key_range in _row_tiles(q, k, mask):
+        keys = slice(*key_range[:2])  # [lo, hi)
         lse_r, delta_r = _row_stats(lse, delta, r0, r1)
         p, softcap_grad = _probabilities(
-            q[:, r0:r1], k, lse_r, r0, q.shape[1], softmax_scale, softcap, mask
+            q[:, r0:r1], k, lse_r, r0, q.shape[1], key_range, softmax_scale, softcap, mask
         )
-        ds = _dscores(p, dout[:, r0:r1], v, delta_r, softcap_grad)
+        ds = _dscores(p, dout[:, r0:r1], v[:, keys], delta_r, softcap_grad)
         # dQ = dS K · scale
-        dq[:, r0:r1] = torch.einsum("bkgrn,bnkd->brkgd", ds, k).mul_(softmax_scale)
+        dq[:, r0:r1] = torch.einsum("bkgrn,bnkd->brkgd", ds, k[:, keys]).mul_(softmax_scale)
     return dq
 
 
-def _row_chunks(q: torch.Tensor, k: torch.Tensor) -> Iterator[tuple[int, int]]:
-    """``(r0, r1)`` ranges of query rows whose scores ``[b, h, rows, s_k]`` stay within
-    ``MAX_SCORE_ELEMENTS``."""
+def _row_tiles(
+    q: torch.Tensor, k: torch.Tensor, mask: AttentionMask
+) -> Iterator[tuple[int, int, tuple[int, int, int, int]]]:
+    """``(r0, r1, (lo, hi, full_lo, full_hi))``: tiles of :data:`~attn_ref.attention.ROWS_PER_TILE`
+    query rows (fewer when their scores ``[b, h, rows, s_k]`` would exceed ``MAX_SCORE_ELEMENTS``),
+    with the keys some row of the tile sees, ``[lo, hi)``, and those all of them see
+    (:meth:`~attn_ref.masks.AttentionMask.tile_key_range`, the forward's block skipping). A tile
+    that sees no key is left out."""
     b, sq, h_k, g = q.shape[:4]
-    rows = max(1, MAX_SCORE_ELEMENTS // max(1, b * h_k * g * k.shape[1]))
-    return ((r0, min(sq, r0 + rows)) for r0 in range(0, sq, rows))
+    sk = k.shape[1]
+    rows = max(1, min(ROWS_PER_TILE, MAX_SCORE_ELEMENTS // max(1, b * h_k * g * sk)))
+    for r0 in range(0, sq, rows):
+        r1 = min(sq, r0 + rows)
+        key_range = mask.tile_key_range(r0, r1, sq, sk)
+        if key_range[0] < key_range[1]:
+            yield r0, r1, key_range
 
 
 def _row_stats(
@@ -243,26 +260,37 @@ def _probabilities(
     lse,
     row_start: int,
     seqlen_q: int,
+    key_range: tuple[int, int, int, int],
     softmax_scale: float,
     softcap: float,
     mask: AttentionMask,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``P_ij = exp(ℓ_ij - lse_i)`` ``[b, h_k, g, rows, s_k]`` of rows ``row_start ..``, 0 where
-    masked, and the softcap's factor ``1 - tanh² = 1 - (ℓ_ij / softcap)²`` of ``dS`` (same shape;
-    None without softcap).
+    """``P_ij = exp(ℓ_ij - lse_i)`` ``[b, h_k, g, rows, hi - lo]`` of rows ``row_start ..`` over
+    keys ``lo .. hi - 1``, 0 where masked, and the softcap's factor ``1 - tanh² = 1 - (ℓ_ij /
+    softcap)²`` of ``dS`` (same shape; None without softcap).
 
     ``q [b, rows, h_k, g, d]`` (rows ``row_start .. row_start + rows - 1`` of ``seqlen_q``),
-    ``k [b, s_k, h_k, d]``, ``lse [b, h_k, g, rows, 1]`` from :func:`_row_stats`; the logits ``ℓ``
-    are the forward's (:func:`attn_ref.attention._logits`), the mask is ``mask``'s
-    (:meth:`~attn_ref.masks.AttentionMask.visible_keys`).
+    ``k [b, s_k, h_k, d]`` (every key), ``lse [b, h_k, g, rows, 1]`` from :func:`_row_stats`,
+    ``key_range = (lo, hi, full_lo, full_hi)`` from :func:`_row_tiles`; the logits ``ℓ`` are the
+    forward's (:func:`attn_ref.attention._logits`), the mask is ``mask``'s
+    (:meth:`~attn_ref.masks.AttentionMask.visible_keys`), tested only on the keys that not every
+    row sees, outside ``[full_lo, full_hi)``.
     """
-    logits = _logits(torch.einsum("brkgd,bnkd->bkgrn", q, k), softmax_scale, softcap)
+    lo, hi, full_lo, full_hi = key_range
+    logits = _logits(torch.einsum("brkgd,bnkd->bkgrn", q, k[:, lo:hi]), softmax_scale, softcap)
     softcap_grad = 1 - (logits / softcap).square() if softcap > 0 else None
-    row_end = row_start + q.shape[1]
-    visible = mask.visible_keys(
-        seqlen_q, k.shape[1], device=q.device, row_start=row_start, row_end=row_end
-    )
-    return logits.masked_fill_(~visible, float("-inf")).sub_(lse).exp_(), softcap_grad
+    if not full_lo <= lo < hi <= full_hi:  # some row of the tile does not see some of its keys
+        visible = mask.visible_keys(
+            seqlen_q,
+            k.shape[1],
+            device=q.device,
+            row_start=row_start,
+            row_end=row_start + q.shape[1],
+            key_start=lo,
+            key_end=hi,
+        )  # (rows, hi - lo)
+        logits.masked_fill_(~visible, float("-inf"))
+    return logits.sub_(lse).exp_(), softcap_grad
 
 
 def _dscores(

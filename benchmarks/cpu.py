@@ -1,5 +1,5 @@
 """CPU suite: ``attn_ref.flash_attn_with_kvcache`` against torch SDPA at its best on the same
-problems.
+problems, and a training step of ``attn_ref.flash_attn_func`` against SDPA's.
 
 For each problem (:mod:`benchmarks.problems`, fp32: the reference's own math, and SDPA's fastest
 dtype on this CPU):
@@ -15,8 +15,13 @@ dtype on this CPU):
    machine hits all alike, and keep the median of each (``time.perf_counter``);
 4. measure each call's peak resident memory on top of its inputs (:mod:`benchmarks.memory`).
 
+The training suite (:mod:`benchmarks.training`) times the same way one step's attention, forward
+and backward: ``attn_ref.flash_attn_func`` and ``torch.autograd.grad`` of its output, against
+``F.scaled_dot_product_attention(..., is_causal=True, enable_gqa=True)`` and the same
+``torch.autograd.grad``, every leaf made before the timer.
+
 The baseline of a case is its fastest SDPA call; the time ratio reference / baseline of the same run
-is the figure of merit (target: at most 2 at every decode and prefill case).
+is the figure of merit (target: at most 2 at every decode, prefill and training case).
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import torch.nn.functional as F
 
 import attn_ref
 
+from . import training
 from .memory import METHOD, peak_extra_bytes
 from .problems import KVCacheInputs, Problem, decode, dense_kv, make_inputs, prefill, sdpa_mask
+from .training import TrainingProblem
 
 DTYPE = "float32"
 #: Calls slower than this (seconds) get 5 timed repetitions instead of 7.
@@ -43,8 +50,10 @@ TIMING = (
 )
 #: How the suite measures memory (benchmarks.run records it).
 MEMORY = METHOD
-#: Largest reference / baseline time ratio allowed, on every decode and prefill case.
+#: Largest reference / baseline time ratio allowed, on every decode, prefill and training case.
 RATIO_TARGET = 2.0
+#: The suites that have the ratio target.
+RATIO_SUITES = ("decode", "prefill", "training")
 
 
 def problems(quick: bool) -> list[Problem]:
@@ -65,10 +74,17 @@ def problems(quick: bool) -> list[Problem]:
     )
 
 
+def training_problems(quick: bool) -> list[TrainingProblem]:
+    """Training: b=1, causal, 32/8 heads, d=128, fp32, 2k and 4k tokens."""
+    return [TrainingProblem(s, DTYPE) for s in ((128,) if quick else (2048, 4096))]
+
+
 def run(quick: bool) -> Iterator[dict]:
     """The case records, one at a time (a run stopped early keeps those already yielded)."""
     for problem in problems(quick):
         yield measure(problem, quick)
+    for problem in training_problems(quick):
+        yield measure_training(problem, quick)
 
 
 def baselines(
@@ -152,9 +168,40 @@ def measure(problem: Problem, quick: bool) -> dict:
         },
     }
     del reference
-    times = interleaved_times(calls, 3 if quick else 5 if slow else 7)
+    return _case(problem, calls, described, input_bytes, diffs, 3 if quick else 5 if slow else 7)
+
+
+def measure_training(problem: TrainingProblem, quick: bool) -> dict:
+    """One training case record: ``attn_ref.flash_attn_func`` forward and backward against SDPA's
+    (:mod:`benchmarks.training`), measured as :func:`measure` measures a call."""
+    inputs = training.make_inputs(problem, "cpu")
+    sdpa, sdpa_call = training.sdpa_step(inputs, problem.causal)
+    calls = {
+        "attn_ref": training.flash_attn_step(attn_ref.flash_attn_func, inputs, problem.causal),
+        "sdpa": sdpa,
+    }
+    described = {
+        "attn_ref": f"out = attn_ref.flash_attn_func(q, k, v, causal={problem.causal}); "
+        "torch.autograd.grad(out, (q, k, v), dout)  # leaves (b, s, h, d), K/V (b, s, h_k, d)",
+        "sdpa": sdpa_call,
+    }
+    start = time.perf_counter()
+    reference = calls["attn_ref"]()
+    slow = time.perf_counter() - start > SLOW_CALL_S
+    diffs = {"attn_ref": 0.0, "sdpa": training.max_difference(sdpa(), reference)}
+    del reference
+    input_bytes = {name: inputs.nbytes() for name in calls}
+    return _case(problem, calls, described, input_bytes, diffs, 3 if quick else 5 if slow else 7)
+
+
+def _case(problem, calls, described, input_bytes, diffs, reps) -> dict:
+    """The record of one case: ``calls`` (``attn_ref`` and SDPA's, by name) timed interleaved
+    ``reps`` times, each one's median, throughput, ratio to the fastest SDPA call and peak memory
+    (``problem``: a :class:`~benchmarks.problems.Problem` or a
+    :class:`~benchmarks.training.TrainingProblem`)."""
+    times = interleaved_times(calls, reps)
     medians = {name: statistics.median(t) for name, t in times.items()}
-    baseline = min(sdpa, key=medians.get)  # the fastest SDPA call
+    baseline = min((name for name in calls if name != "attn_ref"), key=medians.get)
     providers = {}
     for name, fn in calls.items():
         t = medians[name]
@@ -193,11 +240,11 @@ def interleaved_times(calls: dict[str, Callable[[], object]], reps: int) -> dict
 
 
 def targets(cases: list[dict]) -> list[dict]:
-    """The CPU targets: reference within 2x of the fastest SDPA call on every decode and prefill
-    case; a 32k context that runs."""
+    """The CPU targets: reference within 2x of the fastest SDPA call on every decode, prefill and
+    training case; a 32k context that runs."""
     found = []
     for case in cases:
-        if case["suite"] not in ("decode", "prefill"):
+        if case["suite"] not in RATIO_SUITES:
             continue
         ratio = case["providers"]["attn_ref"]["time_ratio_vs_baseline"]
         found.append(

@@ -7,15 +7,17 @@
 # repository is put on PYTHONPATH. Where the tree arrives without .git, set ATTN_REF_GIT to the
 # commit (`git describe --always --dirty` where it was copied from) so the results name it.
 # Every step runs under `timeout` (SIGTERM, then SIGKILL 10 s later), so one hang cannot eat the
-# budget; the limits add up to 510 s. A benchmark stopped by its limit still writes the cases it
+# budget; the limits add up to 570 s. A benchmark stopped by its limit still writes the cases it
 # finished. The tests include tests/test_kernels_cuda_graph.py (a decode step of the public call
 # captured in a CUDA graph, replayed with new tokens and cache_seqlens, equal to eager calls); the
-# benchmarks' graph suite times eager calls against graph replays. OUTDIR receives nine flat files:
+# benchmarks' graph suite times eager calls against graph replays. OUTDIR receives eleven flat files:
 #   gpu_check.log   versions, nvidia-smi (summary, -q clocks/power/temperature, clocks after the
 #                   benchmarks), the test log and the benchmark log
 #   cuda.json       results (benchmarks/schema.json), cuda.md the same as a Markdown table
 #   cuda_decode.png, cuda_prefill.png, cuda_combine.png, cuda_graph.png
 #   backward.json   the backward suite (kernels.attention_backward vs SDPA's backward), backward.md
+#   training.json   the training suite (kernels.flash_attn_func forward + backward vs SDPA flash's),
+#                   training.md
 set -uo pipefail  # no -e: a failing step is logged and the next one still runs
 
 out=${1:?usage: bash benchmarks/gpu_check.sh OUTDIR}
@@ -56,6 +58,7 @@ step sp-tests 90 "$py" -m pytest tests/test_sequence_parallel_ranks.py tests/tes
   -x -q -p no:cacheprovider
 step bench 150 "$py" -m benchmarks.run --device cuda --out "$out"
 step bench-backward 60 "$py" -m benchmarks.gpu_backward --out "$out"
+step bench-training 60 "$py" -m benchmarks.gpu_training --out "$out"
 step clocks-after 10 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 
 printf '%s\n' "${summary[@]}" | tee -a "$log"

@@ -20,6 +20,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
+from .cpu import RATIO_SUITES, RATIO_TARGET  # noqa: E402
 from .record import provenance  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def _panels(device: str, suite: str, ceilings: dict) -> list[dict]:
         "lines": [],
     }
     if device == "cpu":
-        ratio_lines = [(2.0, "target 2x")] if suite in ("decode", "prefill") else []
+        ratio_lines = [(RATIO_TARGET, "target 2x")] if suite in RATIO_SUITES else []
         memory = {
             "value": lambda p: (p["input_bytes"] + (p["peak_extra_bytes"] or 0)) / 1e6,
             "ylabel": "inputs + peak extra (MB)",

@@ -4,11 +4,12 @@ N]``.
 Measures one device's suites, prints the table and writes, under ``DIR`` (default
 ``benchmarks/results/``): ``<device>.json``, ``<device>.md`` and ``<device>_<suite>.png``.
 
-* ``--device cpu`` (default without CUDA): :mod:`benchmarks.cpu`. Full mode takes about 4 minutes on
-  an idle 2-core machine; ``--quick`` uses small shapes and runs in seconds (the test suite's check
-  of the harness). On a machine shared with other jobs, ``--threads 1`` keeps OpenMP threads from
-  waiting on descheduled peers, which otherwise inflates the many small ops of the reference far
-  more than SDPA's few large ones; the per-case load average is recorded either way.
+* ``--device cpu`` (default without CUDA): :mod:`benchmarks.cpu`. Full mode takes about 9 minutes on
+  a quiet 2-core machine with ``--threads 1`` (4 of them the training steps); ``--quick`` uses
+  small shapes and runs in seconds (the test suite's check of the harness). On a machine shared
+  with other jobs, ``--threads 1`` keeps OpenMP threads from waiting on descheduled peers, which
+  otherwise inflates the many small ops of the reference far more than SDPA's few large ones; the
+  per-case load average is recorded either way.
 * ``--device cuda``: :mod:`benchmarks.gpu`. Refuses to run under the Triton interpreter.
 """
 

@@ -39,7 +39,9 @@ MEASURES = {
     "problems (decode bandwidth, prefill FLOP/s, the combine kernel).",
     "cpu": "The PyTorch reference against `scaled_dot_product_attention` at its best on the same "
     "problems (K/V gathered before the timer, `enable_gqa=True`, no mask unless lengths are "
-    "ragged): time ratio and peak memory.",
+    "ragged), and a training step (`attn_ref.flash_attn_func` forward and backward against SDPA's "
+    "with `is_causal=True, enable_gqa=True`, every leaf made before the timer): time ratio and "
+    "peak memory.",
 }
 
 

@@ -47,27 +47,39 @@ def random_problem(b, sq, sk, h, h_k, d, dv, dtype, seed):
     )
 
 
-def expected(q, k, v, dout, dlse, **options):
+def expected(q, k, v, dout, dlse, sinks=None, **options):
     """``(out64, lse64, grads64, out_lowp, grads_lowp)`` of ``Σ out·dout + Σ lse·dlse`` (``-inf``
     LSEs left out): float64 autograd of the dense formula, and FA's low-precision baseline (the
-    dense formula in q's dtype)."""
-    leaves = [x.double().requires_grad_() for x in (q, k, v)]
-    out64, lse64 = dense_attention(*leaves, **options)
+    dense formula in q's dtype). With ``sinks (h,)`` the gradients end with the sinks' (the
+    baseline's sinks in q's dtype)."""
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    leaves = [x.double().requires_grad_() for x in inputs]
+    out64, lse64 = dense_attention(*leaves[:3], sinks=_sinks(leaves), **options)
     loss = (out64 * dout.double()).sum() + (lse64.nan_to_num(0, 0, 0) * dlse.double()).sum()
     grads64 = torch.autograd.grad(loss, leaves)
-    low = [x.clone().requires_grad_() for x in (q, k, v)]
-    out_low, lse_low = dense_attention(*low, upcast=False, **options)
+    low = [x.detach().to(q.dtype, copy=True).requires_grad_() for x in inputs]
+    out_low, lse_low = dense_attention(*low[:3], sinks=_sinks(low), upcast=False, **options)
     loss = (out_low.float() * dout.float()).sum() + (
         lse_low.float().nan_to_num(0, 0, 0) * dlse
     ).sum()
     return out64, lse64, grads64, out_low, torch.autograd.grad(loss, low)
 
 
+def _sinks(leaves):
+    """The sinks among ``expected``'s leaves ``[q, k, v(, sinks)]``, or None."""
+    return leaves[3] if len(leaves) == 4 else None
+
+
 def padding_lengths(b, seqlen, gen, zero_lengths=False):
-    """FA's ``generate_random_padding_mask`` as lengths: each in ``[max(1, seqlen - 20),
-    seqlen]`` (or ``[0, seqlen]`` with ``zero_lengths``)."""
-    low = 0 if zero_lengths else max(1, seqlen - 20)
-    return torch.randint(low, seqlen + 1, (b,), generator=gen).tolist()
+    """FA's ``generate_random_padding_mask`` (mode "random") as lengths: each in ``[max(1, seqlen -
+    20), seqlen]``; with ``zero_lengths`` in ``[max(0, seqlen - 20), seqlen]``, and every fifth
+    sequence (from the first) and the last empty."""
+    low = max(0 if zero_lengths else 1, seqlen - 20)
+    lengths = torch.randint(low, seqlen + 1, (b,), generator=gen)
+    if zero_lengths:
+        lengths[::5] = 0
+        lengths[-1] = 0
+    return lengths.tolist()
 
 
 def cu_seqlens(lengths):

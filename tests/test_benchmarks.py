@@ -67,7 +67,7 @@ def test_quick_cpu_run_writes_valid_results(tmp_path):
     assert result["command"].endswith(
         "-m benchmarks.run --quick --device cpu --out " + str(tmp_path)
     )
-    assert {case["suite"] for case in result["cases"]} == {"decode", "prefill"}
+    assert {case["suite"] for case in result["cases"]} == {"decode", "prefill", "training"}
     for case in result["cases"]:
         ref, sdpa = case["providers"]["attn_ref"], case["providers"][case["baseline"]]
         assert len(ref["times_s"]) == 3 and min(ref["times_s"]) <= ref["time_s"] <= max(
@@ -79,8 +79,9 @@ def test_quick_cpu_run_writes_valid_results(tmp_path):
         baselines = [p for name, p in case["providers"].items() if name != "attn_ref"]
         assert sdpa["time_s"] == min(p["time_s"] for p in baselines)  # the fastest SDPA call
         assert all(p["max_abs_diff_vs_attn_ref"] < 1e-4 for p in baselines)  # same problem, fp32
-        assert ("attn_mask" in " ".join(p["call"] for p in baselines)) == case["shape"]["ragged"]
-    ratio_targets = [t for t in result["targets"] if t["name"].startswith(("decode", "prefill"))]
+        ragged = case["shape"].get("ragged", False)  # training cases: equal lengths
+        assert ("attn_mask" in " ".join(p["call"] for p in baselines)) == ragged
+    ratio_targets = [t for t in result["targets"] if t["name"].startswith(cpu.RATIO_SUITES)]
     assert len(ratio_targets) == len(result["cases"])
 
 

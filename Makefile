@@ -1,6 +1,7 @@
 # Two entry points (see README): `make serve` builds and serves the docs site, `make test` runs the
 # linter and formatter check (`make lint`: ruff, configured in pyproject.toml), then the test suite
-# on CPU (Triton kernels through the interpreter). Both create/refresh .venv as needed.
+# on CPU (Triton kernels through the interpreter), one pytest-xdist worker per core, each test file
+# on one worker (fixtures such as the built site are made once). Both create/refresh .venv as needed.
 # The exact versions below are the ones that work on the project's CPU machines; pyproject.toml keeps
 # ranges for users who bring their own (CUDA) torch.
 
@@ -13,7 +14,7 @@ PINNED := triton==3.9.0 numpy==2.4.6 pytest==9.2.0 hypothesis==6.170.17 pytest-t
 	jsonschema==4.26.0 nbformat==5.11.1 nbclient==0.11.0 ipykernel==7.4.0 matplotlib==3.11.2 \
 	mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocs-jupyter==0.26.3 'mkdocstrings[python]==1.0.8' \
 	mkdocstrings-python==2.0.11 playwright==1.65.2 jupytext==1.19.6 django-static-mathjax==3.2.2.1 \
-	transformers==5.23.0 ruff==0.16.9
+	transformers==5.23.0 ruff==0.16.9 pytest-xdist==3.8.0
 
 .PHONY: serve test lint docs venv browser clean
 
@@ -45,7 +46,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 test: $(STAMP) lint browser
-	TRITON_INTERPRET=1 $(PY) -m pytest -q
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n auto --dist loadfile
 
 clean:
 	rm -rf site .cache

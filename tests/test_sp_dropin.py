@@ -30,7 +30,7 @@ from sp_cases import _attention, _attention_lowp
 from tolerance import assert_close_fa, assert_lse_close
 
 D = 16
-SPAWN_TIMEOUT_S = 240
+SPAWN_TIMEOUT_S = 480
 RFA_VARIANTS = ("func", "kvpacked", "qkvpacked")
 DISAGREE = r"the ranks of the sequence-parallel group disagree on "
 

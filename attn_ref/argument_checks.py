@@ -68,6 +68,30 @@ def _require_supported_dtype(q: torch.Tensor) -> None:
         )
 
 
+def _check_descales(
+    q_descale, k_descale, v_descale, dtype: torch.dtype, batch: int, num_heads_k: int, device
+) -> tuple:
+    """FA3's fp8 descale factors: each ``(batch, h_k)`` float32 on q's ``device`` or None (factor
+    1), read only when the inputs' ``dtype`` is fp8 (FA3 ignores them otherwise). ``batch`` is the
+    batch size, or the number of sequences of packed inputs. Returns the three as the call reads
+    them (None for other dtypes)."""
+    if dtype != torch.float8_e4m3fn:
+        return None, None, None
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is not None:
+            _require_tensor(name, x)
+            _require_device(name, x, device)
+            _require_dtype(name, x, torch.float32)
+            _require_shape(name, x, (batch, num_heads_k), "(batch, h_k)")
+    return q_descale, k_descale, v_descale
+
+
+def _refuse_fp8_qv(dtype: torch.dtype) -> None:
+    """``qv`` (MLA) is not taken with fp8 inputs (FA3's ``q_v`` is fp16 / bf16 only)."""
+    if dtype == torch.float8_e4m3fn:
+        raise ValueError("qv is not supported with float8_e4m3fn inputs")
+
+
 def _require_float(name: str, x: torch.Tensor) -> None:
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name} must have a floating-point dtype, got {x.dtype}")

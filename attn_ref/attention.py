@@ -24,9 +24,10 @@ batched matmul (``einsum`` over a view, no copy of K/V).
 
 The file holds the loop body of :func:`attn_ref.kvcache.attend` in the order of its twin,
 :mod:`kernels.attention`: :func:`_split_states` (one batch entry: :func:`_load_q`, the keys,
-:func:`_dequantize`, then :func:`attention_with_lse` per KV split, with its pieces :func:`_scores`,
-:func:`_logits` and :func:`_softmax_state`), and :func:`_store_state`, which writes a state into the
-call's results.
+:func:`_dequantize` on :func:`dequantize_per_kv_head`, FA3's fp8 rule, which
+:mod:`attn_ref.flash_attn` applies too, then :func:`attention_with_lse` per KV split, with its
+pieces :func:`_scores`, :func:`_logits` and :func:`_softmax_state`), and :func:`_store_state`, which
+writes a state into the call's results.
 """
 
 from __future__ import annotations
@@ -126,20 +127,28 @@ def _rows(x: torch.Tensor, i: int, n: int, start: int) -> torch.Tensor:
 
 
 def _dequantize(call: KVCacheCall, i: int, q, k, v):
-    """fp8 inputs: ``x * x_descale[i, kv_head]`` per KV head ``kv_head`` (q's factor repeated over
-    its query heads)."""
+    """fp8 inputs of batch entry ``i`` (already fp32), each times its descale factor
+    (:func:`dequantize_per_kv_head`)."""
     group = call.num_heads // call.num_heads_k
-
-    def scaled(x, descale, repeat):
-        if descale is None:
-            return x
-        return x * descale[i].float().repeat_interleave(repeat)[None, :, None]
-
     return (
-        scaled(q, call.q_descale, group),
-        scaled(k, call.k_descale, 1),
-        scaled(v, call.v_descale, 1),
+        dequantize_per_kv_head(q, call.q_descale, i, group),
+        dequantize_per_kv_head(k, call.k_descale, i),
+        dequantize_per_kv_head(v, call.v_descale, i),
     )
+
+
+def dequantize_per_kv_head(
+    x: torch.Tensor, descale: Optional[torch.Tensor], i: int, group: int = 1
+) -> torch.Tensor:
+    """FA3's fp8 rule: ``x (n, heads, d)`` (fp8 or fp32) as fp32 times ``descale[i, kv_head]``
+    (``descale (b, h_k)`` fp32, entry ``i`` of the batch; None: factor 1), ``kv_head = head //
+    group``: q's factor is repeated over the ``group`` query heads of its KV head, k and v
+    (``group = 1``) take theirs as is. Also the dequantization of
+    :mod:`attn_ref.flash_attn`'s fp8 sequences."""
+    x = x.float()
+    if descale is None:
+        return x
+    return x * descale[i].float().repeat_interleave(group)[None, :, None]
 
 
 def attention_with_lse(

@@ -16,14 +16,16 @@ the sizes it expects, not their values: so do these messages (:func:`_check_shap
 
 In between, at the place of FA3's check of the same argument, stand the checks whose condition
 differs from FA3's, in this package's words: q's dtype (float32 is taken here), the devices (one
-device, rather than "on CUDA"), the sinks' dtype (any float, rather than bfloat16), and the
-refusals of what the reference does not implement (fp8 inputs, a gradient through ``qv``). FA3
-reads a few sizes before its shape checks (the batch size and the head counts); where a tensor of
-the wrong rank lacks one (FA3 would fail on the read), the comparison is skipped and the shape
-check that follows rejects the tensor. FA3's limits of its kernels (GPU, head dims and their
-alignment, strides, which its Python wrapper makes contiguous anyway) are not checked: the
-reference computes those calls. The values of the offsets and lengths are checked after all of
-these (:func:`attn_ref.flash_attn._sequences`).
+device, rather than "on CUDA"), the sinks' dtype (any float, rather than bfloat16), ``qv`` with fp8
+inputs (FA3 refuses it in its own words), the fp8 descale factors (checked as
+``flash_attn_with_kvcache`` checks them, :func:`~attn_ref.argument_checks._check_descales`, where
+FA3 reads them), and the refusals of what the reference does not implement (a gradient through fp8
+inputs, which FA3's backward refuses too, or through ``qv``). FA3 reads a few sizes before its shape
+checks (the batch size and the head counts); where a tensor of the wrong rank lacks one (FA3 would
+fail on the read), the comparison is skipped and the shape check that follows rejects the tensor.
+FA3's limits of its kernels (GPU, head dims and their alignment, strides, which its Python wrapper
+makes contiguous anyway) are not checked: the reference computes those calls. The values of the
+offsets and lengths are checked after all of these (:func:`attn_ref.flash_attn._sequences`).
 
 sglang's ``flash_attn_varlen_func`` first checks ``max_seqlen_q is None or max_seqlen_k is None``
 ("max_seqlen_q and max_seqlen_k are required for FA3"); the reference keeps FA3's words and place
@@ -40,6 +42,8 @@ from typing import Optional
 import torch
 
 from .argument_checks import (
+    _check_descales,
+    _refuse_fp8_qv,
     _require_device,
     _require_float,
     _require_max_seqlen,
@@ -48,10 +52,11 @@ from .argument_checks import (
 )
 
 
-def check_func_inputs(q, k, v, qv) -> None:
+def check_func_inputs(q, k, v, qv, q_descale, k_descale, v_descale) -> tuple:
     """``flash_attn_func``'s tensors in ``mha_fwd``'s order: ``q (b, s_q, h, d)``, ``k (b, s_k, h_k,
     d)``, ``v (b, s_k, h_k, d_v)`` and ``qv (b, s_q, h, d_v)`` or None, with ``h_k`` dividing
-    ``h``."""
+    ``h``; for fp8 inputs the descales ``(b, h_k)`` fp32 or None, and no gradient asked. Returns
+    the descales as the call reads them (None unless fp8)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _require_tensor(name, x)
     if qv is not None:
@@ -71,8 +76,12 @@ def check_func_inputs(q, k, v, qv) -> None:
         "batch_size_k, seqlen_k, num_heads_k, head_size_v",
     )
     _check_qv(qv, q, v)
-    _refuse_fp8(q)
+    descales = _check_descales(
+        q_descale, k_descale, v_descale, q.dtype, q.shape[0], k.shape[-2], q.device
+    )
+    _refuse_fp8_gradient(q, k, v)
     _refuse_qv_gradient(q, k, v, qv)
+    return descales
 
 
 def check_varlen_inputs(
@@ -87,12 +96,17 @@ def check_varlen_inputs(
     seqused_k,
     qv,
     sinks,
-) -> None:
+    q_descale,
+    k_descale,
+    v_descale,
+) -> tuple:
     """``flash_attn_varlen_func``'s tensors in ``mha_fwd``'s order (then sglang's sinks): ``q
     (total_q, h, d)``, ``k (total_k, h_k, d)``, ``v (total_k, h_k, d_v)``, the int32 offsets
     ``cu_seqlens_q`` and ``cu_seqlens_k`` ``(b + 1,)`` with ``max_seqlen_q`` and ``max_seqlen_k``
     (ints), ``seqused_q`` and ``seqused_k`` ``(b,)`` int32 or None, ``qv (total_q, h, d_v)`` or
-    None, ``sinks (h,)`` or None. The offsets' values are not read here."""
+    None, ``sinks (h,)`` or None; for fp8 inputs the descales ``(b, h_k)`` fp32 or None, and no
+    gradient asked. The offsets' values are not read here. Returns the descales as the call reads
+    them (None unless fp8)."""
     for name, x in (
         ("q", q),
         ("k", k),
@@ -133,9 +147,13 @@ def check_varlen_inputs(
         _require_device("seqused_k", seqused_k, q.device)
         _check_shape(seqused_k.shape == (batch,), "seqused_k", "batch_size")
     _check_qv(qv, q, v)
-    _refuse_fp8(q)
+    descales = _check_descales(
+        q_descale, k_descale, v_descale, q.dtype, batch, k.shape[-2], q.device
+    )
+    _refuse_fp8_gradient(q, k, v)
     _check_sinks(sinks, q)
     _refuse_qv_gradient(q, k, v, qv)
+    return descales
 
 
 def _check_dtypes_and_devices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -188,9 +206,10 @@ def _check_shape(ok: bool, name: str, dims: str) -> None:
 
 def _check_qv(qv: Optional[torch.Tensor], q: torch.Tensor, v: torch.Tensor) -> None:
     """``qv`` (MLA) in q's dtype, on q's device, of q's shape with v's head dim (FA3 calls it
-    ``q_v``)."""
+    ``q_v``); not with fp8 inputs (FA3's first check of ``q_v``)."""
     if qv is None:
         return
+    _refuse_fp8_qv(q.dtype)
     if qv.dtype != q.dtype:
         raise ValueError("q_v must have the same dtype as query")
     _require_device("qv", qv, q.device)
@@ -201,13 +220,17 @@ def _check_qv(qv: Optional[torch.Tensor], q: torch.Tensor, v: torch.Tensor) -> N
         _check_shape(shape_ok, "q_v", "total_q, num_heads, head_size_v")
 
 
-def _refuse_fp8(q: torch.Tensor) -> None:
-    """fp8 inputs are not implemented by these entry points (FA3 reads its descales here)."""
-    if q.dtype == torch.float8_e4m3fn:
+def _refuse_fp8_gradient(q, k, v) -> None:
+    """fp8 inputs are forward only (FA3's backward refuses fp8): refused when a gradient is
+    asked."""
+    if (
+        q.dtype == torch.float8_e4m3fn
+        and torch.is_grad_enabled()
+        and any(x.requires_grad for x in (q, k, v))
+    ):
         raise NotImplementedError(
-            "fp8 inputs (float8_e4m3fn with q_descale / k_descale / v_descale) are not "
-            "implemented by the reference's flash_attn_func and flash_attn_varlen_func; pass "
-            "float16, bfloat16 or float32 tensors (or use flash_attn_with_kvcache, which takes fp8)"
+            "fp8 inputs have no backward (FA3's backward refuses fp8): run the call under "
+            "torch.no_grad() (or detach q, k and v) to compute it without gradients"
         )
 
 

@@ -22,10 +22,14 @@ The arguments are checked in FA3's order, in FA3's words where FA3 checks the sa
 (:mod:`attn_ref.fa3_checks`; ``mha_fwd`` for the attention entry points, ``mha_combine`` for
 :func:`flash_attn_combine`), then the values of the varlen offsets and lengths.
 
+fp8 (float8_e4m3fn) inputs are forward only, as in FA3: sequence ``i`` is dequantized to fp32 as
+``flash_attn_with_kvcache`` dequantizes batch entry ``i``
+(:func:`~attn_ref.attention.dequantize_per_kv_head`: ``x · x_descale[i, kv_head]``, each descale
+``(b, h_k)`` fp32 or None = 1, read only for fp8), then attended as above; the output is bf16.
+
 The reference is deterministic: the same call gives bitwise-equal outputs and gradients, whatever
 ``deterministic`` says. Not differentiable here, and refused at the forward when an input requires
-grad: ``qv``. Not implemented: fp8 inputs (``q_descale``, ``k_descale``, ``v_descale`` are read
-only for fp8, as in FA3). ``num_splits``, ``pack_gqa`` and ``sm_margin`` only tune FA3's kernels:
+grad: ``qv`` and fp8 inputs. ``num_splits``, ``pack_gqa`` and ``sm_margin`` only tune FA3's kernels:
 accepted and ignored.
 """
 
@@ -46,8 +50,9 @@ from .argument_checks import (
     _require_shape,
     _require_tensor,
 )
-from .attention import attention_with_lse
+from .attention import attention_with_lse, dequantize_per_kv_head
 from .backward import _preprocess, attention_backward
+from .call import output_dtype
 from .error_notes import catalogued
 from .fa3_checks import (
     _check_output_contiguous,
@@ -89,16 +94,17 @@ def flash_attn_func(
     and used (the module docstring).
 
     Args:
-        q: ``(b, s_q, h, d)``, float16, bfloat16 or float32 (fp8: ``NotImplementedError``).
+        q: ``(b, s_q, h, d)``, float16, bfloat16, float32 or float8_e4m3fn (forward only).
         k: ``(b, s_k, h_k, d)``, q's dtype, ``h_k`` divides ``h``.
         v: ``(b, s_k, h_k, d_v)``, q's dtype.
         softmax_scale: factor of ``q·k``; default ``(d + d_qv) ** -0.5``.
         causal: bottom-right aligned causal mask.
-        qv: ``(b, s_q, h, d_v)``: adds ``qv·v`` to the scores (MLA). Forward only: refused when an
-            input requires grad (``NotImplementedError``).
-        q_descale: fp8 factor of q; read only for fp8 inputs (as FA3), which are not implemented.
-        k_descale: fp8 factor of k, likewise.
-        v_descale: fp8 factor of v, likewise.
+        qv: ``(b, s_q, h, d_v)``: adds ``qv·v`` to the scores (MLA); not with fp8. Forward only:
+            refused when an input requires grad (``NotImplementedError``).
+        q_descale: ``(b, h_k)`` fp32 factor of fp8 q per KV head (None: 1); read only for fp8
+            inputs, as FA3.
+        k_descale: ``(b, h_k)`` fp32 factor of fp8 k, likewise.
+        v_descale: ``(b, h_k)`` fp32 factor of fp8 v, likewise.
         window_size: ``(left, right)`` keys visible around each row's position; -1 is unbounded.
         attention_chunk: keys only from the row's own chunk of this size (0: off).
         softcap: logits ``softcap * tanh(scale * s / softcap)`` before masking (0: off).
@@ -109,11 +115,22 @@ def flash_attn_func(
         return_attn_probs: also return the LSE (FA3 returns no probabilities either).
 
     Returns:
-        ``out (b, s_q, h, d_v)`` in q's dtype, or ``(out, softmax_lse)`` with
+        ``out (b, s_q, h, d_v)`` in q's dtype (bf16 for fp8), or ``(out, softmax_lse)`` with
         ``return_attn_probs``, ``softmax_lse (b, h, s_q)`` fp32 (natural log).
     """
     call = resolve_func_call(
-        q, k, v, softmax_scale, causal, qv, window_size, attention_chunk, softcap
+        q,
+        k,
+        v,
+        softmax_scale,
+        causal,
+        qv,
+        q_descale,
+        k_descale,
+        v_descale,
+        window_size,
+        attention_chunk,
+        softcap,
     )
     out, lse = _PackedAttention.apply(*call.inputs())
     return func_result(call, out, lse, return_attn_probs)
@@ -165,7 +182,7 @@ def flash_attn_varlen_func(
     (FA3 leaves them unwritten: their values are undefined there); unused keys get zero gradients.
 
     Args:
-        q: ``(total_q, h, d)``, float16, bfloat16 or float32 (fp8: ``NotImplementedError``).
+        q: ``(total_q, h, d)``, as :func:`flash_attn_func`'s q.
         k: ``(total_k, h_k, d)``, q's dtype, ``h_k`` divides ``h``.
         v: ``(total_k, h_k, d_v)``, q's dtype.
         cu_seqlens_q: ``(b + 1,)`` int32 offsets of the sequences in q: 0, ..., ``total_q``.
@@ -177,9 +194,9 @@ def flash_attn_varlen_func(
         softmax_scale: as :func:`flash_attn_func`.
         causal: as :func:`flash_attn_func`, per sequence.
         qv: ``(total_q, h, d_v)``, as :func:`flash_attn_func` (forward only).
-        q_descale: as :func:`flash_attn_func`.
-        k_descale: as :func:`flash_attn_func`.
-        v_descale: as :func:`flash_attn_func`.
+        q_descale: ``(b, h_k)``, as :func:`flash_attn_func` (row ``i``: sequence ``i``).
+        k_descale: likewise.
+        v_descale: likewise.
         window_size: as :func:`flash_attn_func`, per sequence.
         attention_chunk: as :func:`flash_attn_func`, per sequence.
         softcap: as :func:`flash_attn_func`.
@@ -195,7 +212,8 @@ def flash_attn_varlen_func(
             split). Takes precedence over ``return_attn_probs``.
 
     Returns:
-        ``out (total_q, h, d_v)`` in q's dtype, with ``softmax_lse (h, total_q)`` fp32 as asked.
+        ``out (total_q, h, d_v)`` in q's dtype (bf16 for fp8), with ``softmax_lse (h, total_q)``
+        fp32 as asked.
     """
     call = resolve_varlen_call(
         q,
@@ -210,6 +228,9 @@ def flash_attn_varlen_func(
         softmax_scale,
         causal,
         qv,
+        q_descale,
+        k_descale,
+        v_descale,
         window_size,
         attention_chunk,
         softcap,
@@ -256,7 +277,7 @@ def flash_attn_qkvpacked_func(
         return_attn_probs: return ``(out, softmax_lse)``.
 
     Returns:
-        ``out (b, s, h, d)`` in qkv's dtype, or ``(out, softmax_lse (b, h, s))``.
+        ``out (b, s, h, d)`` in qkv's dtype (bf16 for fp8), or ``(out, softmax_lse (b, h, s))``.
     """
     q, k, v = split_qkvpacked(qkv, num_heads_q)
     return flash_attn_func(
@@ -373,7 +394,8 @@ class PackedCall(NamedTuple):
     per sequence (the rows and keys that take part); ``softmax_scale`` and ``softcap`` are floats,
     ``mask`` the :class:`~attn_ref.masks.AttentionMask` of ``causal``, ``window_size`` and
     ``attention_chunk``; ``batch_shape`` is ``(b, s_q)`` for :func:`flash_attn_func` (its output
-    is unflattened to it), None for packed inputs."""
+    is unflattened to it), None for packed inputs. ``q_descale``, ``k_descale``, ``v_descale``: the
+    fp8 factors ``(n_seq, h_k)`` fp32 of sequence ``i`` in row ``i`` (None: 1; None unless fp8)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -384,20 +406,34 @@ class PackedCall(NamedTuple):
     softmax_scale: float
     mask: AttentionMask
     softcap: float
+    q_descale: Optional[torch.Tensor]
+    k_descale: Optional[torch.Tensor]
+    v_descale: Optional[torch.Tensor]
     batch_shape: Optional[tuple[int, int]]
 
     def inputs(self) -> tuple:
         """The arguments of :class:`_PackedAttention` (and of its kernel twin), in order."""
-        return self[:9]
+        return self[:12]
 
 
 def resolve_func_call(
-    q, k, v, softmax_scale, causal, qv, window_size, attention_chunk, softcap
+    q,
+    k,
+    v,
+    softmax_scale,
+    causal,
+    qv,
+    q_descale,
+    k_descale,
+    v_descale,
+    window_size,
+    attention_chunk,
+    softcap,
 ) -> PackedCall:
     """:func:`flash_attn_func`'s arguments, checked (:func:`~attn_ref.fa3_checks.check_func_inputs`,
     then the options), as a :class:`PackedCall`: batch entry ``i`` is the rows ``i s_q ..`` of the
     flattened q and the keys ``i s_k ..`` of the flattened k."""
-    check_func_inputs(q, k, v, qv)
+    descales = check_func_inputs(q, k, v, qv, q_descale, k_descale, v_descale)
     b, sq = q.shape[:2]
     sk = k.shape[1]
     return PackedCall(
@@ -408,6 +444,7 @@ def resolve_func_call(
         None,
         [(i * sq, sq, i * sk, sk) for i in range(b)],
         *_options(q, qv, softmax_scale, causal, window_size, attention_chunk, softcap),
+        *descales,
         (b, sq),
     )
 
@@ -425,6 +462,9 @@ def resolve_varlen_call(
     softmax_scale,
     causal,
     qv,
+    q_descale,
+    k_descale,
+    v_descale,
     window_size,
     attention_chunk,
     softcap,
@@ -433,7 +473,7 @@ def resolve_varlen_call(
     """:func:`flash_attn_varlen_func`'s arguments, checked
     (:func:`~attn_ref.fa3_checks.check_varlen_inputs`, the options, then the values of the
     offsets and lengths), as a :class:`PackedCall`."""
-    check_varlen_inputs(
+    descales = check_varlen_inputs(
         q,
         k,
         v,
@@ -445,10 +485,13 @@ def resolve_varlen_call(
         seqused_k,
         qv,
         sinks,
+        q_descale,
+        k_descale,
+        v_descale,
     )
     options = _options(q, qv, softmax_scale, causal, window_size, attention_chunk, softcap)
     sequences = _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    return PackedCall(q, k, v, qv, sinks, sequences, *options, None)
+    return PackedCall(q, k, v, qv, sinks, sequences, *options, *descales, None)
 
 
 def split_qkvpacked(qkv, num_heads_q) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -526,19 +569,29 @@ def _options(q, qv, softmax_scale, causal, window_size, chunk, softcap):
 class _PackedAttention(torch.autograd.Function):
     """Attention of packed sequences (``sequences``: ``[(q_start, rows, k_start, keys)]``), forward
     by :func:`~attn_ref.attention.attention_with_lse` and backward by
-    :func:`~attn_ref.backward.attention_backward`, one sequence at a time. ``qv`` gets no gradient
-    (the callers refuse it when one is asked)."""
+    :func:`~attn_ref.backward.attention_backward`, one sequence at a time. fp8 sequences are
+    dequantized first (:func:`~attn_ref.attention.dequantize_per_kv_head`, factors of row ``i`` of
+    the descales for sequence ``i``) and give a bf16 ``out``. ``qv`` and fp8 inputs get no gradient
+    (the callers refuse one when it is asked)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, qv, sinks, sequences, scale, mask, softcap):
+    def forward(
+        ctx, q, k, v, qv, sinks, sequences, scale, mask, softcap, q_descale, k_descale, v_descale
+    ):
         total_q, h = q.shape[:2]
+        group = h // k.shape[1]
         out = torch.zeros(total_q, h, v.shape[-1], dtype=torch.float32, device=q.device)
         lse = torch.full((h, total_q), float("-inf"), device=q.device)
-        for q0, rows, k0, keys in sequences:
+        for i, (q0, rows, k0, keys) in enumerate(sequences):
+            seq_q, seq_k, seq_v = q[q0 : q0 + rows], k[k0 : k0 + keys], v[k0 : k0 + keys]
+            if q.dtype == torch.float8_e4m3fn:
+                seq_q = dequantize_per_kv_head(seq_q, q_descale, i, group)
+                seq_k = dequantize_per_kv_head(seq_k, k_descale, i)
+                seq_v = dequantize_per_kv_head(seq_v, v_descale, i)
             out[q0 : q0 + rows], state_lse = attention_with_lse(
-                q[q0 : q0 + rows],
-                k[k0 : k0 + keys],
-                v[k0 : k0 + keys],
+                seq_q,
+                seq_k,
+                seq_v,
                 scale,
                 mask,
                 softcap,
@@ -546,7 +599,7 @@ class _PackedAttention(torch.autograd.Function):
                 sinks=sinks,
             )
             lse[:, q0 : q0 + rows] = state_lse.T
-        out = out.to(q.dtype)
+        out = out.to(output_dtype(q.dtype))
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.sequences, ctx.scale, ctx.mask, ctx.softcap = sequences, scale, mask, softcap
         return out, lse
@@ -580,4 +633,4 @@ class _PackedAttention(torch.autograd.Function):
                 dsinks -= (torch.exp(sinks.float()[:, None] - seq_lse[0]) * delta).sum(-1)
         if dsinks is not None:
             dsinks = dsinks.to(sinks.dtype)
-        return dq, dk, dv, None, dsinks, None, None, None, None
+        return dq, dk, dv, None, dsinks, None, None, None, None, None, None, None

@@ -40,8 +40,10 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .argument_checks import (
+    _check_descales,
     _flag,
     _float32,
+    _refuse_fp8_qv,
     _require_base2_finite,
     _require_contiguous_last_dim,
     _require_cu_seqlens,
@@ -129,7 +131,15 @@ def check_kvcache_args(
     _check_qv(qv, q, layout)
     mask = _normalise_masks(window_size, causal, attention_chunk, layout)
     rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, k, mask, layout)
-    descales = _check_descales(q_descale, k_descale, v_descale, layout)
+    descales = _check_descales(
+        q_descale,
+        k_descale,
+        v_descale,
+        layout.dtype,
+        layout.batch,
+        layout.num_heads_k,
+        layout.device,
+    )
     _check_sinks(sinks, layout)
     softmax_scale, softcap = _check_scalars(softmax_scale, softcap)
     num_splits = _check_num_splits(num_splits)
@@ -385,8 +395,7 @@ def _check_qv(qv, q: torch.Tensor, layout: _Layout) -> None:
         return
     _require_tensor("qv", qv)
     _require_device("qv", qv, layout.device)
-    if layout.dtype == torch.float8_e4m3fn:
-        raise ValueError("qv is not supported with float8_e4m3fn inputs")
+    _refuse_fp8_qv(layout.dtype)
     _require_dtype("qv", qv, layout.dtype)
     _require_shape("qv", qv, (*q.shape[:-1], layout.head_dim_v), "(q's shape with v's head dim)")
     _require_contiguous_last_dim("qv", qv)
@@ -437,20 +446,6 @@ def _check_rotary(
         )
     _require_int32_vector("rotary_seqlens", rotary_seqlens, layout.batch, layout.device)
     return _Rotary(sin=rotary_sin, seqlens=rotary_seqlens, dim=rotary_dim, q_fixed_position=q_fixed)
-
-
-def _check_descales(q_descale, k_descale, v_descale, layout: _Layout) -> tuple:
-    """FP8 descale factors: ``(b, h_k)`` float32, read only with fp8 inputs (FA3 ignores them
-    otherwise). Returns the three as the call reads them (None for other dtypes)."""
-    if layout.dtype != torch.float8_e4m3fn:
-        return None, None, None
-    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if x is not None:
-            _require_tensor(name, x)
-            _require_device(name, x, layout.device)
-            _require_dtype(name, x, torch.float32)
-            _require_shape(name, x, (layout.batch, layout.num_heads_k), "(batch, h_k)")
-    return q_descale, k_descale, v_descale
 
 
 def _check_sinks(sinks, layout: _Layout) -> None:

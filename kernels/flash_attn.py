@@ -32,8 +32,11 @@ d_v)``, attended on their own with FA3's masks aligned on ``rows_i`` and ``keys_
 
 No atomics anywhere (the backward sums GQA inside a program), so a call is bitwise repeatable
 whatever ``deterministic`` says. As the reference: ``qv`` is forward only (refused when an input
-requires grad), fp8 is refused, ``num_splits``, ``pack_gqa`` and ``sm_margin`` are accepted and
-ignored (one split; the forward always packs a KV head's query heads into one tile).
+requires grad, and not taken with fp8), fp8 inputs are forward only (the forward kernel dequantizes
+them as for ``flash_attn_with_kvcache``, sequence ``i`` by row ``i`` of each ``(b, h_k)`` descale,
+and writes a bf16 ``out``; refused when an input requires grad), ``num_splits``, ``pack_gqa`` and
+``sm_margin`` are accepted and ignored (one split; the forward always packs a KV head's query heads
+into one tile).
 
 :func:`flash_attn_combine` is the reference's checks
 (:func:`attn_ref.flash_attn.check_combine_args`) and return layout
@@ -93,16 +96,17 @@ def flash_attn_func(
     Gradients flow to q, k and v, and through the LSE when it is returned and used.
 
     Args:
-        q: ``(b, s_q, h, d)``, float16, bfloat16 or float32 (fp8: ``NotImplementedError``).
+        q: ``(b, s_q, h, d)``, float16, bfloat16, float32 or float8_e4m3fn (forward only).
         k: ``(b, s_k, h_k, d)``, q's dtype, ``h_k`` divides ``h``.
         v: ``(b, s_k, h_k, d_v)``, q's dtype.
         softmax_scale: factor of ``q·k``; default ``(d + d_qv) ** -0.5``.
         causal: bottom-right aligned causal mask.
-        qv: ``(b, s_q, h, d_v)``: adds ``qv·v`` to the scores (MLA). Forward only: refused when an
-            input requires grad (``NotImplementedError``).
-        q_descale: fp8 factor of q; read only for fp8 inputs (as FA3), which are refused.
-        k_descale: fp8 factor of k, likewise.
-        v_descale: fp8 factor of v, likewise.
+        qv: ``(b, s_q, h, d_v)``: adds ``qv·v`` to the scores (MLA); not with fp8. Forward only:
+            refused when an input requires grad (``NotImplementedError``).
+        q_descale: ``(b, h_k)`` fp32 factor of fp8 q per KV head (None: 1); read only for fp8
+            inputs, as FA3.
+        k_descale: ``(b, h_k)`` fp32 factor of fp8 k, likewise.
+        v_descale: ``(b, h_k)`` fp32 factor of fp8 v, likewise.
         window_size: ``(left, right)`` keys visible around each row's position; -1 is unbounded.
         attention_chunk: keys only from the row's own chunk of this size (0: off).
         softcap: logits ``softcap * tanh(scale * s / softcap)`` before masking (0: off).
@@ -113,11 +117,12 @@ def flash_attn_func(
         return_attn_probs: also return the LSE (FA3 returns no probabilities either).
 
     Returns:
-        ``out (b, s_q, h, d_v)`` in q's dtype, or ``(out, softmax_lse)`` with
+        ``out (b, s_q, h, d_v)`` in q's dtype (bf16 for fp8), or ``(out, softmax_lse)`` with
         ``return_attn_probs``, ``softmax_lse (b, h, s_q)`` fp32 (natural log).
     """
     call = resolve_func_call(
-        q, k, v, softmax_scale, causal, qv, window_size, attention_chunk, softcap
+        q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale, window_size,
+        attention_chunk, softcap,
     )
     out, lse = _PackedAttention.apply(*call.inputs())
     return func_result(call, out, lse, return_attn_probs)
@@ -165,7 +170,7 @@ def flash_attn_varlen_func(
     sized from the longest sequence used.
 
     Args:
-        q: ``(total_q, h, d)``, float16, bfloat16 or float32 (fp8: ``NotImplementedError``).
+        q: ``(total_q, h, d)``, as :func:`flash_attn_func`'s q.
         k: ``(total_k, h_k, d)``, q's dtype, ``h_k`` divides ``h``.
         v: ``(total_k, h_k, d_v)``, q's dtype.
         cu_seqlens_q: ``(b + 1,)`` int32 offsets of the sequences in q: 0, ..., ``total_q``.
@@ -177,9 +182,9 @@ def flash_attn_varlen_func(
         softmax_scale: as :func:`flash_attn_func`.
         causal: as :func:`flash_attn_func`, per sequence.
         qv: ``(total_q, h, d_v)``, as :func:`flash_attn_func` (forward only).
-        q_descale: as :func:`flash_attn_func`.
-        k_descale: as :func:`flash_attn_func`.
-        v_descale: as :func:`flash_attn_func`.
+        q_descale: ``(b, h_k)``, as :func:`flash_attn_func` (row ``i``: sequence ``i``).
+        k_descale: likewise.
+        v_descale: likewise.
         window_size: as :func:`flash_attn_func`, per sequence.
         attention_chunk: as :func:`flash_attn_func`, per sequence.
         softcap: as :func:`flash_attn_func`.
@@ -194,7 +199,8 @@ def flash_attn_varlen_func(
             *rest)``; no split runs). Takes precedence over ``return_attn_probs``.
 
     Returns:
-        ``out (total_q, h, d_v)`` in q's dtype, with ``softmax_lse (h, total_q)`` fp32 as asked.
+        ``out (total_q, h, d_v)`` in q's dtype (bf16 for fp8), with ``softmax_lse (h, total_q)``
+        fp32 as asked.
     """
     call = resolve_varlen_call(
         q,
@@ -209,6 +215,9 @@ def flash_attn_varlen_func(
         softmax_scale,
         causal,
         qv,
+        q_descale,
+        k_descale,
+        v_descale,
         window_size,
         attention_chunk,
         softcap,
@@ -255,7 +264,7 @@ def flash_attn_qkvpacked_func(
         return_attn_probs: return ``(out, softmax_lse)``.
 
     Returns:
-        ``out (b, s, h, d)`` in qkv's dtype, or ``(out, softmax_lse (b, h, s))``.
+        ``out (b, s, h, d)`` in qkv's dtype (bf16 for fp8), or ``(out, softmax_lse (b, h, s))``.
     """
     q, k, v = split_qkvpacked(qkv, num_heads_q)
     return flash_attn_func(
@@ -307,15 +316,18 @@ def flash_attn_combine(
 class _PackedAttention(torch.autograd.Function):
     """Attention of packed sequences (``sequences``: ``[(q_start, rows, k_start, keys)]``) on the
     kernels, the twin of :class:`attn_ref.flash_attn._PackedAttention` (same inputs, same outputs
-    ``out (total_q, h, d_v)`` in q's dtype and ``lse (h, total_q)`` fp32): the forward kernel over
-    every sequence in one launch, the backward kernels likewise (the module docstring). ``qv``
-    gets no gradient (the callers refuse it when one is asked)."""
+    ``out (total_q, h, d_v)`` in q's dtype, bf16 for fp8, and ``lse (h, total_q)`` fp32): the
+    forward kernel over every sequence in one launch, the backward kernels likewise (the module
+    docstring). ``qv`` and fp8 inputs get no gradient (the callers refuse one when it is
+    asked)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, qv, sinks, sequences, scale, mask, softcap):
+    def forward(ctx, q, k, v, qv, sinks, sequences, scale, mask, softcap, q_descale, k_descale,
+                v_descale):
         table, max_seqlens = sequence_table(sequences, q.device)
         launches, (out, lse) = plan_packed_attention(q, k, v, qv, sinks, table, max_seqlens, scale,
-                                                     mask, softcap)
+                                                     mask, softcap,
+                                                     (q_descale, k_descale, v_descale))
         for launch in launches:
             launch.run()
         ctx.save_for_backward(q, k, v, out, lse, sinks, *table)
@@ -335,7 +347,7 @@ class _PackedAttention(torch.autograd.Function):
             # (lse = -inf, D = 0) add nothing
             p_sink = torch.where(torch.isinf(lse), 0.0, torch.exp(sinks.float()[:, None] - lse))
             dsinks = -(p_sink * delta).sum(-1).to(sinks.dtype)  # dsink_h = -Σ_i p_sink_ih D_ih
-        return dq, dk, dv, None, dsinks, None, None, None, None
+        return dq, dk, dv, None, dsinks, None, None, None, None, None, None, None
 
 
 def sequence_table(sequences: list[tuple[int, int, int, int]],
@@ -350,13 +362,13 @@ def sequence_table(sequences: list[tuple[int, int, int, int]],
 
 
 def plan_packed_attention(q, k, v, qv, sinks, table: SequenceTable, max_seqlens: tuple[int, int],
-                          scale: float, mask: AttentionMask, softcap: float):
+                          scale: float, mask: AttentionMask, softcap: float, descales: tuple):
     """The forward of packed sequences: ``(launches, (out, lse))``, the forward kernel's launch
     (:func:`kernels.kvcache.plan_kvcache` of :func:`_kvcache_call`) and the tensors it fills, ``out
-    (total_q, h, d_v)`` in q's dtype and ``lse (h, total_q)`` fp32, allocated here as 0 and
-    ``-inf``: the values rows past ``seqused_q`` keep (no program writes them)."""
+    (total_q, h, d_v)`` in q's dtype (bf16 for fp8) and ``lse (h, total_q)`` fp32, allocated here
+    as 0 and ``-inf``: the values rows past ``seqused_q`` keep (no program writes them)."""
     plan = plan_kvcache(_kvcache_call(q, k, v, qv, sinks, table, max_seqlens, scale, mask,
-                                      softcap))  # nothing appended: no cache backup to run
+                                      softcap, descales))  # nothing appended: no cache backup
     out, lse, _, _ = plan.results
     out.zero_()
     lse.fill_(float("-inf"))
@@ -364,14 +376,17 @@ def plan_packed_attention(q, k, v, qv, sinks, table: SequenceTable, max_seqlens:
 
 
 def _kvcache_call(q, k, v, qv, sinks, table: SequenceTable, max_seqlens: tuple[int, int],
-                  scale: float, mask: AttentionMask, softcap: float) -> KVCacheCall:
+                  scale: float, mask: AttentionMask, softcap: float,
+                  descales: tuple) -> KVCacheCall:
     """The packed sequences as the ``flash_attn_with_kvcache`` call whose forward kernel computes
     them: varlen ``q (total_q, h, d)`` (sequence ``i``'s rows from ``q_starts[i]``), and ``k``,
     ``v`` as the contiguous cache ``(1, total_k, h_k, ·)`` that every sequence reads in row 0 from
     its left padding ``k_starts[i]`` on (``seqlens_k[i]`` keys); nothing appended, one split, no
-    rotary, no fp8; the mask bounded by the longest sequence (``max_seqlens``, FA3's
-    normalisation, int32 values)."""
+    rotary; the fp8 ``descales`` ``(q, k, v)``, each ``(n_seq, h_k)`` fp32 or None, indexed by
+    batch entry ``i``, which is sequence ``i``; the mask bounded by the longest sequence
+    (``max_seqlens``, FA3's normalisation, int32 values)."""
     k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
+    q_descale, k_descale, v_descale = descales
     zeros = torch.zeros_like(table.q_starts)
     batch = BatchTable(
         seqlens_q=table.seqlens_q, q_starts=table.q_starts, cache_rows=zeros,
@@ -380,7 +395,8 @@ def _kvcache_call(q, k, v, qv, sinks, table: SequenceTable, max_seqlens: tuple[i
     )
     return KVCacheCall(
         q=q, k_cache=k[None], v_cache=v[None], k=None, v=None, qv=qv, rotary_cos=None,
-        rotary_sin=None, page_table=None, q_descale=None, k_descale=None, v_descale=None,
+        rotary_sin=None, page_table=None, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale,
         sinks=sinks, out=None, batch_size=table.q_starts.shape[0], num_heads=q.shape[1],
         num_heads_k=k.shape[1], head_dim=q.shape[2], head_dim_v=v.shape[2], varlen_q=True,
         seqlen_q_bound=max_seqlens[0], batch=batch, page_size=0, capacity=k.shape[0],

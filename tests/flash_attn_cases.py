@@ -2,7 +2,8 @@
 (:mod:`test_flash_attn_reference`, :mod:`test_flash_attn_kernels`): the mask and softcap options,
 the head layouts, random problems, FA's random padding as ``cu_seqlens``, and the expected outputs
 and gradients (float64 autograd of the dense formula :func:`attn_ref.dense.attention`, and FA's
-low-precision baseline, the dense formula in the inputs' dtype).
+low-precision baseline, the dense formula in the inputs' dtype), and the fp8 calls with theirs
+(:func:`fp8_problem`, :func:`check_fp8`: ``flash_attn_with_kvcache``'s oracle, which dequantizes).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import torch
 
 from attn_ref import dense
+from dense_oracle import FP8, kvcache_oracle
+from tolerance import assert_close_fa, assert_lse_close
 
 I32 = torch.int32
 #: the forward's mask and softcap options, one of each family
@@ -85,3 +88,72 @@ def padding_lengths(b, seqlen, gen, zero_lengths=False):
 def cu_seqlens(lengths):
     """``(b + 1,)`` int32 offsets of sequences of ``lengths``: 0, then their running sum."""
     return torch.tensor([0] + lengths, dtype=I32).cumsum(0).to(I32)
+
+
+#: fp8 calls: ``(lengths_q, lengths_k)`` of the packed sequences (an empty one, one with no key,
+#: ``s_q > s_k``, ``s_q < s_k``), GQA heads ``(h, h_k)``, head dim
+FP8_LENGTHS = ([5, 0, 3, 7], [9, 4, 0, 6])
+FP8_HEADS, FP8_HEAD_DIM = (4, 2), 16
+
+
+def fp8_problem(batched: bool, descales: bool, seed: int):
+    """An fp8 call of both entry points: ``(args, oracle_args)``. ``args`` are the tensors of
+    ``flash_attn_func`` (``batched``: ``q (4, 5, h, d)``, ``k``/``v (4, 9, h_k, d)``) or of
+    ``flash_attn_varlen_func`` (packed :data:`FP8_LENGTHS`, with ``max_seqlen_q``,
+    ``max_seqlen_k``), standard normal times 2 in float8_e4m3fn, with ``(b, h_k)`` fp32 descales
+    in ``[0.25, 2)`` or none; ``oracle_args`` the same call as ``flash_attn_with_kvcache``'s
+    (the keys as a cache of ``cache_seqlens`` tokens per sequence), for
+    :func:`~dense_oracle.kvcache_oracle`."""
+    gen = torch.Generator().manual_seed(seed)
+    (h, h_k), d = FP8_HEADS, FP8_HEAD_DIM
+
+    def randn(*shape):
+        return (2 * torch.randn(*shape, generator=gen)).to(FP8)
+
+    lengths_q, lengths_k = ([5] * 4, [9] * 4) if batched else FP8_LENGTHS
+    b = len(lengths_q)
+    scales = [0.25 + 1.75 * torch.rand(b, h_k, generator=gen) for _ in range(3)]
+    scales = dict(zip(("q_descale", "k_descale", "v_descale"), scales if descales else [None] * 3))
+    if batched:
+        q, k, v = randn(b, 5, h, d), randn(b, 9, h_k, d), randn(b, 9, h_k, d)
+        return dict(q=q, k=k, v=v, **scales), dict(q=q, k_cache=k, v_cache=v, **scales)
+    q, k, v = (
+        randn(sum(lengths_q), h, d),
+        randn(sum(lengths_k), h_k, d),
+        randn(sum(lengths_k), h_k, d),
+    )
+    cu_q, cu_k = cu_seqlens(lengths_q), cu_seqlens(lengths_k)
+    # the keys of sequence i in row i of a (b, max s_k) cache
+    caches = [torch.zeros(b, max(lengths_k), h_k, d).to(FP8) for _ in range(2)]
+    for i, (k0, n) in enumerate(zip(cu_k.tolist(), lengths_k)):
+        caches[0][i, :n], caches[1][i, :n] = k[k0 : k0 + n], v[k0 : k0 + n]
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **scales)
+    args.update(max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
+    oracle_args = dict(
+        q=q,
+        k_cache=caches[0],
+        v_cache=caches[1],
+        cache_seqlens=torch.tensor(lengths_k, dtype=I32),
+        cu_seqlens_q=cu_q,
+        max_seqlen_q=max(lengths_q),
+        **scales,
+    )
+    return args, oracle_args
+
+
+def check_fp8(api, batched: bool, descales: bool, causal: bool, seed: int = 0):
+    """``api``'s fp8 forward (``flash_attn_func`` or, not ``batched``, ``flash_attn_varlen_func``)
+    against the float64 dense attention of the dequantized inputs, by FA's fp8 rule (baseline:
+    the same in bf16 with the probabilities rounded through fp8), the LSE tightly; ``out`` is
+    bf16. Returns ``(out, lse)``."""
+    args, oracle_args = fp8_problem(batched, descales, seed)
+    if batched:
+        out, lse = api.flash_attn_func(**args, causal=causal, return_attn_probs=True)
+    else:
+        out, lse = api.flash_attn_varlen_func(**args, causal=causal, return_attn_probs=True)
+    ref = kvcache_oracle(**oracle_args, causal=causal)
+    lowp = kvcache_oracle(**oracle_args, causal=causal, upcast=False)
+    assert out.dtype == ref.out.dtype == torch.bfloat16
+    assert_close_fa(out, ref.out, lowp.out, fp8=True)
+    assert_lse_close(lse, ref.lse)
+    return out, lse

@@ -29,16 +29,16 @@ def _with(**changes):
     return lambda args: {**args, **{name: fix(args[name]) for name, fix in changes.items()}}
 
 
-FP8 = (
-    "fp8 inputs (float8_e4m3fn with q_descale / k_descale / v_descale) are not implemented by the "
-    "reference's flash_attn_func and flash_attn_varlen_func; pass float16, bfloat16 or float32 "
-    "tensors (or use flash_attn_with_kvcache, which takes fp8)"
+FP8_QV = "qv is not supported with float8_e4m3fn inputs"
+FP8_GRADIENT = (
+    "fp8 inputs have no backward (FA3's backward refuses fp8): run the call under torch.no_grad() "
+    "(or detach q, k and v) to compute it without gradients"
 )
 QV_GRADIENT = (
     "qv has no backward in the reference: run the call under torch.no_grad() (or detach q, k, v "
     "and qv) to compute it without gradients"
 )
-SOFTCAP = "softcap must be a real number, got NoneType"
+SOFTCAP = "softcap must be a real number, got None: softcap=0.0 turns softcapping off"
 TO_FP8 = _with(**{name: (lambda x: x.to(F8)) for name in ("q", "k", "v", "qv")})
 
 
@@ -110,6 +110,7 @@ FUNC = [
         ValueError,
         "v must have shape (batch_size_k, seqlen_k, num_heads_k, head_size_v)",
     ),
+    ("fp8-qv", TO_FP8, ValueError, FP8_QV),
     (
         "qv-dtype",
         _with(qv=lambda qv: qv.float()),
@@ -128,7 +129,6 @@ FUNC = [
         ValueError,
         "q_v must have shape (batch_size, seqlen_q, num_heads, head_size_v)",
     ),
-    ("fp8", TO_FP8, NotImplementedError, FP8),
     (
         "qv-gradient",
         _with(q=lambda q: q.detach().requires_grad_()),
@@ -275,6 +275,7 @@ VARLEN = [
     ),
     *_pair("seqused_q", "used", "int32", "batch_size"),
     *_pair("seqused_k", "used", "int32", "batch_size"),
+    ("fp8-qv", TO_FP8, ValueError, FP8_QV),
     (
         "qv-dtype",
         _with(qv=lambda qv: qv.float()),
@@ -293,7 +294,6 @@ VARLEN = [
         ValueError,
         "q_v must have shape (total_q, num_heads, head_size_v)",
     ),
-    ("fp8", TO_FP8, NotImplementedError, FP8),
     (
         "sinks-dtype",
         _with(sinks=lambda s: s.long()),
@@ -463,3 +463,45 @@ def test_qkvpacked_heads():
         "a 4-D qkv (batch, seqlen, h + 2 * h_k, d) needs num_heads_q = h with 0 < h < 8 and "
         "8 - h even (h_k key heads, then h_k value heads), got num_heads_q=None"
     )
+
+
+def _fp8_call(entry, **extra):
+    """The entry point's valid call in fp8 (no qv, which fp8 does not take) with ``extra``."""
+    fn, make_args, _ = ENTRY_POINTS[entry]
+    args = {name: x.to(F8) for name, x in make_args().items() if name in ("q", "k", "v")}
+    return lambda **more: fn(**{**make_args(), **args, "qv": None, **extra, **more})
+
+
+@pytest.mark.parametrize("entry", ["func", "varlen"])
+@pytest.mark.parametrize(
+    "descale, message",
+    [
+        (torch.ones(2, 2, dtype=torch.float64), "must have dtype torch.float32, got torch.float64"),
+        (torch.ones(2, 4), "must have shape (2, 2) (batch, h_k), got (2, 4)"),
+        (torch.ones(2, 2, device="meta"), "must be on the same device as q (cpu), got meta"),
+    ],
+    ids=["dtype", "shape", "device"],
+)
+@pytest.mark.parametrize("name", ["q_descale", "k_descale", "v_descale"])
+def test_fp8_descales_are_checked_as_the_kvcache_ones(entry, descale, message, name):
+    """fp8 descales: ``(b, h_k)`` float32 on q's device (b: the batch or the number of
+    sequences), in ``flash_attn_with_kvcache``'s words; not read for other dtypes (FA3)."""
+    with pytest.raises(ValueError) as exc:
+        _fp8_call(entry)(**{name: descale})
+    assert str(exc.value) == f"{name} {message}"
+    fn, make_args, _ = ENTRY_POINTS[entry]
+    fn(**make_args(), **{name: descale})  # fp16: the descale is not read
+
+
+@pytest.mark.parametrize("entry", ["func", "varlen"])
+def test_fp8_gradient_is_refused(entry):
+    """fp8 inputs are forward only: a gradient asked (grad mode on, an input requiring grad) is
+    refused at the forward; under no_grad the same call runs."""
+    call = _fp8_call(entry)
+    fn, make_args, _ = ENTRY_POINTS[entry]
+    q = make_args()["q"].to(F8).requires_grad_()
+    with pytest.raises(NotImplementedError) as exc:
+        call(q=q)
+    assert str(exc.value) == FP8_GRADIENT
+    with torch.no_grad():
+        assert call(q=q).dtype == torch.bfloat16

@@ -17,6 +17,8 @@ interpreter is slow):
   with no key at all.
 * ``flash_attn_qkvpacked_func``: 5-D and 4-D GQA ``qkv``, the same bits as ``flash_attn_func`` on
   the parts.
+* fp8 inputs (forward only, bf16 ``out``): :func:`flash_attn_cases.check_fp8` against the dense
+  attention of the dequantized inputs, the LSE also against the reference's.
 * ``qv`` (forward only), the deterministic repeat (bitwise) and the result-neutral switches, the
   reference's errors.
 """
@@ -32,6 +34,7 @@ from flash_attn_cases import (
     HEADS,
     I32,
     OPTIONS,
+    check_fp8,
     cu_seqlens,
     expected,
     padding_lengths,
@@ -345,7 +348,9 @@ def test_rows_and_calls_with_no_key():
     [
         lambda api, q, k, v: api.flash_attn_func(q.double(), k.double(), v.double()),
         lambda api, q, k, v: api.flash_attn_func(q, k[:, :, :1].expand(2, 6, 3, 16), v),
-        lambda api, q, k, v: api.flash_attn_func(*(x.to(torch.float8_e4m3fn) for x in (q, k, v))),
+        lambda api, q, k, v: api.flash_attn_func(
+            *(x.to(torch.float8_e4m3fn) for x in (q, k, v)), k_descale=torch.ones(2, 4)
+        ),
         lambda api, q, k, v: api.flash_attn_varlen_func(
             q.flatten(0, 1),
             k.flatten(0, 1),
@@ -412,3 +417,16 @@ def test_scalars_are_the_float32_values_fa3_uses(options, error):
     for x, x_ref in zip(got, ref):
         assert x.isfinite().all()
         torch.testing.assert_close(x, x_ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("descales", [False, True], ids=["no-descale", "descale"])
+@pytest.mark.parametrize("batched", [True, False], ids=["func", "varlen"])
+def test_fp8_forward(batched, descales, causal):
+    """fp8 inputs (GQA; varlen with an empty sequence and one with no key): the forward kernel
+    dequantizes sequence ``i`` by row ``i`` of the ``(b, h_k)`` descales, as for
+    ``flash_attn_with_kvcache``; bf16 ``out`` by FA's fp8 rule against the float64 dense attention
+    of the dequantized inputs, the LSE tightly (also against the reference's)."""
+    _, lse = check_fp8(kernels, batched, descales, causal)
+    _, lse_ref = check_fp8(attn_ref, batched, descales, causal)
+    assert_lse_close(lse, lse_ref)

@@ -9,6 +9,9 @@ and ``test_flash_attn_varlen``.
 * The gradients of q, k and v (and of the LSE's use) against float64 autograd of the dense formula.
 * Varlen: FA's random padding masks turned into ``cu_seqlens``, ``seqused_q`` / ``seqused_k``,
   sglang's ``sinks`` (with their gradient) and ``return_softmax_lse``.
+* fp8 inputs (forward only, bf16 ``out``, GQA, with and without descales, an empty sequence):
+  :func:`flash_attn_cases.check_fp8`, FA's fp8 rule against the dense attention of the
+  dequantized inputs.
 * The deterministic repeat; bounded memory (the errors: ``tests/test_flash_attn_errors.py``).
 """
 
@@ -23,6 +26,7 @@ from flash_attn_cases import (
     HEADS,
     I32,
     OPTIONS,
+    check_fp8,
     cu_seqlens,
     expected,
     padding_lengths,
@@ -254,3 +258,13 @@ def test_row_with_no_key_and_zero_length_sequences():
     out = attn_ref.flash_attn_varlen_func(*packed, cu, cu_k, 4, 2)
     assert out.shape == (4, 2, 16) and out.isfinite().all()
     out.sum().backward()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("descales", [False, True], ids=["no-descale", "descale"])
+@pytest.mark.parametrize("batched", [True, False], ids=["func", "varlen"])
+def test_fp8_forward(batched, descales, causal):
+    """fp8 inputs (GQA; varlen with an empty sequence and one with no key), dequantized by the
+    ``(b, h_k)`` descales as ``flash_attn_with_kvcache`` does: bf16 ``out`` by FA's fp8 rule
+    against the float64 dense attention of the dequantized inputs; the LSE tightly."""
+    check_fp8(attn_ref, batched, descales, causal)

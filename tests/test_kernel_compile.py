@@ -278,6 +278,9 @@ def _flash_attn_launches(
         None,
         causal,
         torch.zeros(total_q, heads, dv, dtype=dtype) if qv else None,
+        None,
+        None,
+        None,
         window,
         0,
         softcap,
@@ -295,6 +298,7 @@ def _flash_attn_launches(
         call.softmax_scale,
         call.mask,
         call.softcap,
+        (call.q_descale, call.k_descale, call.v_descale),
     )
     return launches
 

@@ -852,7 +852,7 @@ def test_upstream_errors_page_links_every_message_to_its_entry(site):
                 f"errors/{cat.get(message['entry'])['slug']}", "errors/upstream"
             )
             assert f'href="{href}/"' in text, message["template"]
-    page = entry_html(site, cat.get("541c547258dbac23"))
+    page = entry_html(site, cat.get("varlen/index-not-int32"))
     assert "Also raised upstream as" in page and "seqused_k must have dtype int32" in page
     # a bare assert is listed by its source, said to have no message
     page = entry_html(site, cat.get("sequence-parallel/alibi-not-supported"))
@@ -1200,6 +1200,7 @@ def test_browser_pasted_messages_find_their_entry_first(browser, catalog):
 MESSAGE_FRAGMENTS = {
     "must have contiguous last dimension": {
         "arguments/non-contiguous-last-dim",
+        "arguments/output-not-contiguous",
         "upstream/not-contiguous",
     },
     # FA3's wording, cut short

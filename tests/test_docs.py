@@ -427,11 +427,28 @@ def test_api_reference_examples_run(page):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def page_script(page: str) -> str:
-    """The Python examples of docs/reference/<page>.md as one script, as
-    test_api_reference_examples_run runs them."""
-    markdown = (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8")
+def page_script(page: str, folder: str = "reference") -> str:
+    """The Python examples of docs/<folder>/<page>.md as one script, as
+    test_api_reference_examples_run and test_concept_examples_run run them."""
+    markdown = (ROOT / "docs" / folder / f"{page}.md").read_text(encoding="utf-8")
     return "\n".join(re.findall(r"```python\n(.*?)```", markdown, re.S))
+
+
+#: Concept pages whose Python examples are whole programs (the others show fragments of a
+#: distributed run or of a call already on the page).
+RUNNABLE_CONCEPT_PAGES = ["backward", "varlen"]
+
+
+@pytest.mark.parametrize("page", RUNNABLE_CONCEPT_PAGES)
+def test_concept_examples_run(page):
+    """The examples of docs/concepts/<page>.md, run top to bottom as one script (their asserts
+    hold)."""
+    script = page_script(page, "concepts")
+    assert script, page
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def _owner(cls: type, attribute: str) -> type:

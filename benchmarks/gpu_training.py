@@ -121,16 +121,7 @@ def run(quick: bool, ceilings: dict, timer, device: str = "cuda") -> Iterator[di
         try:
             yield measure_training(problem, timer, ceilings, device)
         except Exception as exc:  # noqa: BLE001  (keep the other cases: report this one's failure)
-            failed = {"setup": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
-            yield gpu._case(
-                problem.suite,
-                problem.label,
-                problem.shape(),
-                problem.bytes_moved(),
-                problem.flops(),
-                failed,
-                ceilings,
-            )
+            yield gpu._failed_case(problem.suite, problem, exc, ceilings)
         if device == "cuda":
             torch.cuda.empty_cache()
 

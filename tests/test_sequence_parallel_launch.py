@@ -37,7 +37,10 @@ def exit_zero_on_rank_one() -> int:
 
 
 def crash_on_rank_one() -> int:
-    """Rank 1 dies without a Python exception (as on a segfault or an OOM kill)."""
+    """Rank 1 dies without a Python exception (as on a segfault or an OOM kill), once the group
+    is formed: a rank that dies while gloo connects also fails its peer's
+    ``init_process_group``, and which of the two deaths the launcher sees first is a race."""
+    dist.barrier()
     if dist.get_rank() == 1:
         os._exit(3)
     return dist.get_rank()

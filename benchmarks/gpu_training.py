@@ -27,7 +27,6 @@ autograd is not captured in a CUDA graph), so host work is included for every pr
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -126,18 +125,6 @@ def run(quick: bool, ceilings: dict, timer, device: str = "cuda") -> Iterator[di
             torch.cuda.empty_cache()
 
 
-def refusal() -> str | None:
-    """Why this machine cannot run the suite (no CUDA device, or the Triton interpreter), or
-    None."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return (
-            "benchmarks.gpu_training: TRITON_INTERPRET=1 (interpreter timings are not benchmarks)"
-        )
-    if not torch.cuda.is_available():
-        return "benchmarks.gpu_training: no CUDA device (interpreter timings are not benchmarks)"
-    return None
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu_training", description=__doc__.split("\n\n")[0]
@@ -147,7 +134,7 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--quick", action="store_true", help="S = 1k only")
     args = parser.parse_args(argv)
-    why = refusal()
+    why = record.gpu_refusal("benchmarks.gpu_training")
     if why is not None:
         sys.exit(why)
     from . import gpu

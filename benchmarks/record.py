@@ -39,6 +39,16 @@ def command_line() -> str:
     return shlex.join([Path(argv[0]).name, *argv[1:]])
 
 
+def gpu_refusal(program: str) -> str | None:
+    """Why this machine cannot run the GPU suite ``program`` (``benchmarks.gpu_backward``...): no
+    CUDA device, or the Triton interpreter; None when it can."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return f"{program}: TRITON_INTERPRET=1 (interpreter timings are not benchmarks)"
+    if not torch.cuda.is_available():
+        return f"{program}: no CUDA device (interpreter timings are not benchmarks)"
+    return None
+
+
 def metadata(device: str, settings: dict) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,

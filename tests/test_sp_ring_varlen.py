@@ -1,7 +1,7 @@
 """ring-flash-attention's varlen ring, zigzag varlen and stripe functions on real gloo ranks.
 
 Each (implementation, rank count) is spawned once (:mod:`rank_spawns`): the reference on 2 and 4
-ranks runs every case, the Triton kernels (interpreted on CPU) one small case per family on 2 ranks.
+ranks runs every case, the Triton kernels (interpreted on CPU) one small ring varlen case (2 ranks).
 Every rank builds its part of one global problem from the case's seed (a packed batch of documents
 of uneven lengths, among them an empty one, which every rank holds empty, and one longer than a
 rank's share of the batch; the stripe cases a batch of two sequences), calls the entry point with

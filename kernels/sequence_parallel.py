@@ -13,7 +13,8 @@ backend is bound to the kernels:
   as the reference, with the Triton backward kernels for the arithmetic.
 
 The classes are the reference's with this backend as their ``backend`` attribute; ``ring_attention``
-and the ring-flash-attention entry points (``ring_flash_attn_func`` and the rest) are the
+and the ring-flash-attention entry points (``ring_flash_attn_func``, the varlen and stripe ones
+and the rest) are the
 reference's, bound to this backend
 (:func:`~attn_ref.sequence_parallel.ring_flash_attn.with_backend`). Everything else (groups,
 collectives, layouts, the launcher) is re-exported unchanged.
@@ -73,6 +74,21 @@ zigzag_ring_flash_attn_kvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_k
                                                     KERNEL_BACKEND)
 zigzag_ring_flash_attn_qkvpacked_func = with_backend(_sp.zigzag_ring_flash_attn_qkvpacked_func,
                                                      KERNEL_BACKEND)
+ring_flash_attn_varlen_func = with_backend(_sp.ring_flash_attn_varlen_func, KERNEL_BACKEND)
+ring_flash_attn_varlen_kvpacked_func = with_backend(_sp.ring_flash_attn_varlen_kvpacked_func,
+                                                    KERNEL_BACKEND)
+ring_flash_attn_varlen_qkvpacked_func = with_backend(_sp.ring_flash_attn_varlen_qkvpacked_func,
+                                                     KERNEL_BACKEND)
+zigzag_ring_flash_attn_varlen_func = with_backend(_sp.zigzag_ring_flash_attn_varlen_func,
+                                                  KERNEL_BACKEND)
+zigzag_ring_flash_attn_varlen_kvpacked_func = with_backend(
+    _sp.zigzag_ring_flash_attn_varlen_kvpacked_func, KERNEL_BACKEND)
+zigzag_ring_flash_attn_varlen_qkvpacked_func = with_backend(
+    _sp.zigzag_ring_flash_attn_varlen_qkvpacked_func, KERNEL_BACKEND)
+stripe_flash_attn_func = with_backend(_sp.stripe_flash_attn_func, KERNEL_BACKEND)
+stripe_flash_attn_kvpacked_func = with_backend(_sp.stripe_flash_attn_kvpacked_func, KERNEL_BACKEND)
+stripe_flash_attn_qkvpacked_func = with_backend(_sp.stripe_flash_attn_qkvpacked_func,
+                                                KERNEL_BACKEND)
 
 #: The reference's public names, with :data:`KERNEL_BACKEND` in place of ``REFERENCE_BACKEND``.
 __all__ = [name if name != "REFERENCE_BACKEND" else "KERNEL_BACKEND" for name in _sp.__all__]

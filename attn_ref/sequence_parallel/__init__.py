@@ -9,7 +9,10 @@ rank holds whole are counted once.
 * :class:`USPAttention`: Ulysses inside groups x ring across them, zigzag load balancing for causal.
 * :func:`ring_attention`: the ring on its own, with the stable fp32 LSE merge.
 * ring-flash-attention's entry points on that ring: :func:`ring_flash_attn_func`,
-  :func:`zigzag_ring_flash_attn_func` and their ``_kvpacked_func`` / ``_qkvpacked_func`` variants.
+  :func:`zigzag_ring_flash_attn_func` and their ``_kvpacked_func`` / ``_qkvpacked_func`` variants;
+  the packed-batch ones :func:`ring_flash_attn_varlen_func`,
+  :func:`zigzag_ring_flash_attn_varlen_func` (:mod:`.ring_varlen`) and the striped layout's
+  :func:`stripe_flash_attn_func` (:mod:`.stripe`), with the same variants.
 * Collectives: :func:`all_to_all_4d`, :func:`all_gather`, :class:`RingExchange`. ``group=None`` is
   the default group (the world), as in ``torch.distributed``; :data:`SELF_GROUP` is this rank alone.
 * :func:`init_sequence_parallel_groups` / :class:`SequenceParallelGroups`: the group layout.
@@ -70,6 +73,19 @@ from .ring_flash_attn import (
     zigzag_ring_flash_attn_kvpacked_func,
     zigzag_ring_flash_attn_qkvpacked_func,
 )
+from .ring_varlen import (
+    ring_flash_attn_varlen_func,
+    ring_flash_attn_varlen_kvpacked_func,
+    ring_flash_attn_varlen_qkvpacked_func,
+    zigzag_ring_flash_attn_varlen_func,
+    zigzag_ring_flash_attn_varlen_kvpacked_func,
+    zigzag_ring_flash_attn_varlen_qkvpacked_func,
+)
+from .stripe import (
+    stripe_flash_attn_func,
+    stripe_flash_attn_kvpacked_func,
+    stripe_flash_attn_qkvpacked_func,
+)
 from .ulysses import UlyssesAttention
 from .usp import USPAttention
 
@@ -92,10 +108,19 @@ __all__ = [
     "ring_flash_attn_func",
     "ring_flash_attn_kvpacked_func",
     "ring_flash_attn_qkvpacked_func",
+    "ring_flash_attn_varlen_func",
+    "ring_flash_attn_varlen_kvpacked_func",
+    "ring_flash_attn_varlen_qkvpacked_func",
     "shard_positions",
     "shard_sequence",
+    "stripe_flash_attn_func",
+    "stripe_flash_attn_kvpacked_func",
+    "stripe_flash_attn_qkvpacked_func",
     "unshard_sequence",
     "zigzag_ring_flash_attn_func",
     "zigzag_ring_flash_attn_kvpacked_func",
     "zigzag_ring_flash_attn_qkvpacked_func",
+    "zigzag_ring_flash_attn_varlen_func",
+    "zigzag_ring_flash_attn_varlen_kvpacked_func",
+    "zigzag_ring_flash_attn_varlen_qkvpacked_func",
 ]

@@ -10,9 +10,10 @@ Three kinds of code blocks reach the built pages:
   the hook splits it into lines, closing the spans that a line leaves open (a docstring over several
   lines) and reopening them on the next.
 
-Each line carries ``style="--indent: N"``: its leading spaces, where its wrapped rows start (CSS puts
-them N + 2 characters in, behind a continuation mark), and ``--digits`` where it shows a line number. The text is unchanged: ``textContent`` and the
-copied code are the same characters, newlines included (each newline stays inside its line).
+Each line carries ``style="--indent: N"``: its leading spaces, where its wrapped rows start (CSS
+puts them N + 2 characters in, behind a continuation mark), and ``--digits`` where it shows a line
+number. The text is unchanged: ``textContent`` and the copied code are the same characters,
+newlines included (each newline stays inside its line).
 Notebook outputs (``.jp-OutputArea``) are left alone: they scroll.
 """
 
@@ -40,8 +41,8 @@ def indent(line_html: str) -> int:
 
 
 def line_style(line_html: str) -> str:
-    """``--indent``: the line's leading spaces; ``--digits``: the width of its line number (Material's
-    ``.linenos``), when it has one."""
+    """``--indent``: the line's leading spaces; ``--digits``: the width of its line number
+    (Material's ``.linenos``), when it has one."""
     style = f"--indent: {indent(line_html)}"
     number = LINENOS.search(line_html)
     return style + (f"; --digits: {len(number.group(1))}" if number else "")

@@ -434,6 +434,9 @@ def index_page(catalog: dict) -> str:
         "",
         catalog.get("scope", "").rstrip(),
         "",
+        "**Got an error?** Paste its message (or a part of it) into the search box at the top of "
+        "any page: the entry for it comes first.",
+        "",
         "Every entry has a page with what the error means, when it happens, the raise statement "
         "in the source, solutions and runnable examples. Exceptions raised through the public API "
         "carry the entry's id, the command `python -m errors explain <id>` (works offline) and a "

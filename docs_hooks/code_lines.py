@@ -26,6 +26,7 @@ LINE_CLASS = "code-line"
 PRE = re.compile(r"(<pre\b[^>]*>)(.*?)(</pre>)", re.S)
 FENCE_LINE = re.compile(r'<span id="__span-[0-9]+-[0-9]+">')
 TAG = re.compile(r"(<[^>]+>)")
+TAG_NAME = re.compile(r"<([a-zA-Z0-9]+)")
 #: Text of a block that is not code: the side-by-side line numbers.
 LINE_NUMBER = re.compile(r'<span class="sbs-ln">[^<]*</span>')
 #: Material's line number of a fence line (``linenums``): drawn from the attribute, not in the text.
@@ -94,9 +95,6 @@ def split_lines(body: str) -> str:
     elif lines:
         lines[-1] += rest
     return "".join(f"{open_line(line)}{line}</span>" for line in lines)
-
-
-TAG_NAME = re.compile(r"<([a-zA-Z0-9]+)")
 
 
 def mark_block(match: re.Match) -> str:

@@ -22,7 +22,13 @@
 # call this package instead (its cache, your model), see *Using attn-ref with transformers*.
 
 # %%
+import warnings
+
 import torch
+
+# transformers imports tqdm.auto, which warns in a notebook without ipywidgets (progress bars are
+# not used here)
+warnings.filterwarnings("ignore", message="IProgress not found")
 import transformers
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 

@@ -58,7 +58,9 @@ def packed_batch() -> dict:
     position_ids = (torch.arange(total) - starts)[None]
     labels = torch.cat([input_ids[:, 1:], torch.full((1, 1), -100)], dim=1)
     labels[:, cu_seqlens[1:] - 1] = -100  # a document's last token predicts nothing
-    return dict(input_ids=input_ids, position_ids=position_ids, labels=labels, cu_seqlens=cu_seqlens)
+    return dict(
+        input_ids=input_ids, position_ids=position_ids, labels=labels, cu_seqlens=cu_seqlens
+    )
 
 
 def train(model, loss_of_step) -> dict:
@@ -82,9 +84,12 @@ def summed_loss(model, batch: dict, rows: slice, tokens: int) -> torch.Tensor:
         position_ids=batch["position_ids"][:, rows],
         use_cache=False,  # transformers masks packed documents only without a cache
     ).logits
-    return torch.nn.functional.cross_entropy(
-        logits[0], batch["labels"][0, rows], ignore_index=-100, reduction="sum"
-    ) / tokens
+    return (
+        torch.nn.functional.cross_entropy(
+            logits[0], batch["labels"][0, rows], ignore_index=-100, reduction="sum"
+        )
+        / tokens
+    )
 
 
 def one_process() -> dict:
@@ -144,8 +149,11 @@ def test_adapter_refusals_are_upstreams_words():
     kv = torch.randn(1, 2, 8, 16)
     hf_adapter.DATA_PARAMS.clear()
     calls = [
-        (dict(softcap=5.0), NotImplementedError, "llama3_flash_attn_varlen_func does not support "
-         "softcap yet."),
+        (
+            dict(softcap=5.0),
+            NotImplementedError,
+            "llama3_flash_attn_varlen_func does not support softcap yet.",
+        ),
         (dict(is_causal=False), NotImplementedError, "only causal attention is supported yet."),
         (dict(batch=2), ValueError, "varlen data should be processed in advance."),
         (dict(), ValueError, "the ring attention has no offsets for this batch"),

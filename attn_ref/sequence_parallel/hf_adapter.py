@@ -31,7 +31,8 @@ sets the attention function itself, under two names:
 * ``"flash_attention_2"``, as ring-flash-attention does: a model loaded with
   ``attn_implementation="flash_attention_2"`` (which transformers only accepts where the
   ``flash_attn`` package is installed) runs the ring;
-* :data:`RING_ATTN_IMPLEMENTATION` (``"llama3_ring_attn"``; transformers treats a name with "flash" in it as a FlashAttention package to import), registered with transformers'
+* :data:`RING_ATTN_IMPLEMENTATION` (``"llama3_ring_attn"``: transformers would try to import a
+  FlashAttention package for a name with "flash" in it), registered with transformers'
   ``AttentionInterface`` and, for the mask, with FlashAttention's mask function
   (``AttentionMaskInterface``): ``model.set_attn_implementation("llama3_ring_attn")`` selects it on
   any machine, a CPU without ``flash_attn`` included.

@@ -23,7 +23,7 @@ import transformers
 from attn_ref import sequence_parallel as sp
 from attn_ref.sequence_parallel import hf_adapter
 
-DOCS = (5, 13, 9, 5)  # T = 32 tokens; document 1 (tokens 5..17) straddles the ranks' halves
+DOCS = (5, 13, 9, 5)  # S = 32 tokens; document 1 (tokens 5..17) straddles the ranks' halves
 STEPS = 3
 LR = 0.5
 TOLERANCE = 1e-5
@@ -49,7 +49,7 @@ def tiny_llama() -> transformers.LlamaForCausalLM:
 
 def packed_batch() -> dict:
     """``input_ids``, ``position_ids`` (restarting at each document), ``labels`` (the next token of
-    the same document, -100 at each document's last token), all ``(1, T)``, and ``cu_seqlens``."""
+    the same document, -100 at each document's last token), all ``(1, S)``, and ``cu_seqlens``."""
     lengths = torch.tensor(DOCS)
     cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)])
     total = int(cu_seqlens[-1])

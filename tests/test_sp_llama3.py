@@ -5,7 +5,7 @@ Single process: the offsets ``llama3_flash_attn_prepare_cu_seqlens`` returns (up
 written out by hand from its code at the pinned commit), upstream's positional arguments, and the
 refusals.
 
-Across ranks (one spawn of 2 and one of 4 ranks, every case in each): every rank holds ``T / P``
+Across ranks (one spawn of 2 and one of 4 ranks, every case in each): every rank holds ``S / P``
 tokens of a packed batch whose documents straddle the ranks' edges, include an empty document at
 an edge, or are longer than a rank's share. Each rank's output, LSE and the gradients of its q, k,
 v (a loss on the output and the LSE) equal a dense float64 formula over the whole batch, one
@@ -88,8 +88,8 @@ def cu_seqlens_of(docs) -> torch.Tensor:
 
 
 def problem(case: Case):
-    """The whole batch: ``q [T, h, d]``, ``k``, ``v [T, h_k, d]`` in the case's dtype, ``dout [T, h,
-    d]`` and ``dlse [h, T]`` fp32."""
+    """The whole batch: ``q [S, h, d]``, ``k``, ``v [S, h_k, d]`` in the case's dtype, ``dout [S, h,
+    d]`` and ``dlse [h, S]`` fp32."""
     h, h_k = case.heads
     total = sum(case.docs)
     gen = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
@@ -119,7 +119,7 @@ def call(api, case: Case, q, k, v, *offsets, **kwargs):
 
 def dense_packed(q, k, v, docs, causal, window, upcast=True):
     """The oracle: dense attention of each document on its own (:mod:`attn_ref.dense`),
-    concatenated: ``out [T, h, d]``, ``lse [h, T]``."""
+    concatenated: ``out [S, h, d]``, ``lse [h, S]``."""
     outs, lses = [], []
     bounds = cu_seqlens_of(docs).tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):

@@ -14,8 +14,8 @@ and arguments:
   :func:`~.llama3.llama3_flash_attn_prepare_cu_seqlens` with ``causal=True`` and kept in
   :data:`DATA_PARAMS`, where every attention layer reads them.
 
-Each rank then runs the model on its ``T / P`` tokens, ``input_ids`` and ``position_ids`` of shape
-``(1, T / P)`` (the positions restart at each document, counted over the whole batch), and gets the
+Each rank then runs the model on its ``S / P`` tokens, ``input_ids`` and ``position_ids`` of shape
+``(1, S / P)`` (the positions restart at each document, counted over the whole batch), and gets the
 logits of its tokens.
 
 **Where it hooks in.** ring-flash-attention replaces
@@ -37,9 +37,9 @@ sets the attention function itself, under two names:
   (``AttentionMaskInterface``): ``model.set_attn_implementation("llama3_ring_attn")`` selects it on
   any machine, a CPU without ``flash_attn`` included.
 
-The attention function receives transformers' ``(1, h, T / P, d)`` query and ``(1, h_k, T / P, d)``
-key and value (after the rotary embedding), calls the llama3 schedule on ``(T / P, h, d)`` views
-with :data:`DATA_PARAMS` and returns ``(1, T / P, h, d)``. As upstream it refuses ``softcap``,
+The attention function receives transformers' ``(1, h, S / P, d)`` query and ``(1, h_k, S / P, d)``
+key and value (after the rotary embedding), calls the llama3 schedule on ``(S / P, h, d)`` views
+with :data:`DATA_PARAMS` and returns ``(1, S / P, h, d)``. As upstream it refuses ``softcap``,
 non-causal layers and a batch of more than one row (in upstream's words), ignores
 ``attention_mask`` (packed rows have no padding), and passes a sliding window on (``window_size =
 (sliding_window - 1, 0)``, transformers 5's convention). ring-flash-attention's ``use_ring_attn``
@@ -70,8 +70,8 @@ def update_ring_flash_attn_params(cu_seqlens: torch.Tensor, process_group: Group
     """Set this rank's offsets of the next packed batch for every substituted attention layer.
 
     Args:
-        cu_seqlens: ``(n + 1,)`` int32 offsets of the documents of the whole packed batch of ``T``
-            tokens (``T`` divisible by the group's size), the same on every rank.
+        cu_seqlens: ``(n + 1,)`` int32 offsets of the documents of the whole packed batch of ``S``
+            tokens (``S`` divisible by the group's size), the same on every rank.
         process_group: the ranks that share the batch (None: the default group).
     """
     (
@@ -138,8 +138,8 @@ def ring_attention_forward(
     is_causal: Optional[bool] = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """One attention layer on the llama3 schedule: ``query`` ``(1, h, T / P, d)``, ``key`` /
-    ``value`` ``(1, h_k, T / P, d)`` -> ``((1, T / P, h, d), None)``, with :data:`DATA_PARAMS`."""
+    """One attention layer on the llama3 schedule: ``query`` ``(1, h, S / P, d)``, ``key`` /
+    ``value`` ``(1, h_k, S / P, d)`` -> ``((1, S / P, h, d), None)``, with :data:`DATA_PARAMS`."""
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     check_no_softcap(softcap)
     check_causal(causal)

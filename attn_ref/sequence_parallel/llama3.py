@@ -12,30 +12,30 @@ return values:
   max_seqlen_k, heads_k_stride, local_k_slice, dropout_p=0.0, softmax_scale=None, causal=False,
   window_size=(-1, -1), alibi_slopes=None, deterministic=False, return_attn_probs=False,
   group=None)`` and its ``_kvpacked_func(q, kv, ...)`` / ``_qkvpacked_func(qkv, ...)`` forms
-  (``kv [T / P, 2, h_k, d]``, ``qkv [T / P, 3, h, d]``).
+  (``kv [S / P, 2, h_k, d]``, ``qkv [S / P, 3, h, d]``).
 
-**Layout.** The packed batch is ``T`` tokens, documents back to back (``cu_seqlens``, ``(n + 1,)``
-int32, ``0, ..., T``). Rank ``r`` of the ``P`` ranks holds tokens ``[r·T/P, (r+1)·T/P)``: ``q [T /
-P, h, d]``, ``k``, ``v [T / P, h_k, d]``, whatever the document boundaries (a document may straddle
+**Layout.** The packed batch is ``S`` tokens, documents back to back (``cu_seqlens``, ``(n + 1,)``
+int32, ``0, ..., S``). Rank ``r`` of the ``P`` ranks holds tokens ``[r·S/P, (r+1)·S/P)``: ``q [S /
+P, h, d]``, ``k``, ``v [S / P, h_k, d]``, whatever the document boundaries (a document may straddle
 ranks, or span several). :func:`llama3_flash_attn_prepare_cu_seqlens` cuts the documents at the
 rank's edges: ``cu_seqlens_q`` are the rank's query rows per document, ``cu_seqlens_k`` the keys
 they need, which start at the *document's* first token (possibly on an earlier rank), so
-``local_k_slice`` (the keys' rows in the gathered ``[T, h_k, d]``) can be longer than ``T / P``.
+``local_k_slice`` (the keys' rows in the gathered ``[S, h_k, d]``) can be longer than ``S / P``.
 With ``causal`` the keys stop at the rank's last token; without, at the end of its last document.
 
 **Forward.** For each stride of ``heads_k_stride`` KV heads (``h_k / heads_k_stride`` steps):
-all-gather that stride of every rank's ``k`` and ``v`` (``[T, heads_k_stride, d]``), take rows
+all-gather that stride of every rank's ``k`` and ``v`` (``[S, heads_k_stride, d]``), take rows
 ``local_k_slice``, and run the local ``flash_attn_varlen_func`` of the query heads that read them
 (``heads_k_stride · h / h_k`` heads) with ``cu_seqlens_q``/``cu_seqlens_k``. The next stride's
 gathers are posted before this stride's attention (double buffering), so communication overlaps
-compute; a stride bounds the gathered K/V in memory to ``2 T · heads_k_stride · d``. Each query row
+compute; a stride bounds the gathered K/V in memory to ``2 S · heads_k_stride · d``. Each query row
 sees all its document's keys, aligned at their ends: the result is single-device attention over the
-whole packed batch, per document. Outputs ``out [T / P, h, d]`` and, with ``return_attn_probs``,
-``(out, softmax_lse [h, T / P] fp32, None)``.
+whole packed batch, per document. Outputs ``out [S / P, h, d]`` and, with ``return_attn_probs``,
+``(out, softmax_lse [h, S / P] fp32, None)``.
 
 **Backward.** Stride by stride again: gather the stride's K/V (prefetched one stride ahead), get
 ``dq``, ``dk``, ``dv`` of the local attention, then **reduce-scatter** the ``dk``/``dv`` of the
-``[T, heads_k_stride, d]`` gathered keys: rank ``r`` receives the sum over ranks of the gradients of
+``[S, heads_k_stride, d]`` gathered keys: rank ``r`` receives the sum over ranks of the gradients of
 its own tokens (in fp32, then q's dtype). ring-flash-attention calls FlashAttention's varlen
 backward with the saved ``out`` and LSE; this package's ``flash_attn_varlen_func`` exposes its
 backward through autograd, so the backward re-runs the stride's local forward under autograd (the
@@ -44,8 +44,8 @@ a gradient too (ring-flash-attention drops it).
 
 Bytes each rank receives per call (``e``: bytes per element of k; the gradients travel in fp32)::
 
-    forward   (P - 1) · (T / P) · 2 h_k · d · e
-    backward  (P - 1) · (T / P) · 2 h_k · d · (e + 4)
+    forward   (P - 1) · (S / P) · 2 h_k · d · e
+    backward  (P - 1) · (S / P) · 2 h_k · d · (e + 4)
 
 What differs from ring-flash-attention:
 
@@ -87,16 +87,16 @@ def llama3_flash_attn_prepare_cu_seqlens(
 
     Args:
         cu_seqlens: ``(n + 1,)`` int32 offsets of the ``n`` documents of the whole packed batch
-            (every rank passes the same), ``0, ..., T``; ``T`` divisible by ``world_size``.
+            (every rank passes the same), ``0, ..., S``; ``S`` divisible by ``world_size``.
         causal: whether the attention will be causal (the keys then stop at the rank's last token).
         rank: this rank's index in the group, ``0 <= rank < world_size``.
         world_size: ``P``, the number of ranks.
 
     Returns:
         ``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, local_k_slice)``: the offsets of
-        the rank's ``T / P`` query rows per document that has rows here (an empty document inside
+        the rank's ``S / P`` query rows per document that has rows here (an empty document inside
         the share keeps its empty entry), the offsets of their keys inside ``local_k_slice`` (a
-        ``slice`` of the gathered ``T`` rows, from the first document's start), and the longest
+        ``slice`` of the gathered ``S`` rows, from the first document's start), and the longest
         of each as ints.
     """
     total_length = int(cu_seqlens[-1])
@@ -126,8 +126,8 @@ def llama3_flash_attn_prepare_cu_seqlens(
 
 
 class _Llama3Attention(torch.autograd.Function):
-    """The llama3 schedule (module docstring) as an autograd function: ``(q [T/P, h, d], k, v [T/P,
-    h_k, d]) -> (out [T/P, h, d], lse [h, T/P])``, with its stride-by-stride backward."""
+    """The llama3 schedule (module docstring) as an autograd function: ``(q [S/P, h, d], k, v [S/P,
+    h_k, d]) -> (out [S/P, h, d], lse [h, S/P])``, with its stride-by-stride backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan: "_Plan"):
@@ -172,7 +172,7 @@ class _Plan:
 
     def __init__(self, q, k, offsets, heads_k_stride, options, group, backend):
         self.group, self.world = group, group_size(group)
-        self.rows_k = k.shape[0]  # T / P
+        self.rows_k = k.shape[0]  # S / P
         self.heads_k, self.stride = k.shape[1], heads_k_stride
         self.group_size = q.shape[1] // k.shape[1]  # query heads per KV head
         self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k = offsets[:4]
@@ -190,9 +190,9 @@ class _Plan:
         return slice(heads_k.start * self.group_size, heads_k.stop * self.group_size)
 
     def attend(self, q, k_all, v_all):
-        """Local varlen attention of ``q [T/P, heads, d]`` over rows ``local_k_slice`` of the
-        gathered ``k_all``, ``v_all [T, stride, d]``: ``(out [T/P, heads, d], lse [heads,
-        T/P])``."""
+        """Local varlen attention of ``q [S/P, heads, d]`` over rows ``local_k_slice`` of the
+        gathered ``k_all``, ``v_all [S, stride, d]``: ``(out [S/P, heads, d], lse [heads,
+        S/P])``."""
         softmax_scale, causal, window_size = self.options
         return self.varlen(
             q,
@@ -209,7 +209,7 @@ class _Plan:
         )
 
     def reduce_scatter(self, grad_all: torch.Tensor) -> torch.Tensor:
-        """``[T, stride, d]`` gradients of the gathered rows -> this rank's ``[T/P, stride, d]``,
+        """``[S, stride, d]`` gradients of the gathered rows -> this rank's ``[S/P, stride, d]``,
         summed over ranks in fp32 (the adjoint of the all-gather)."""
         grad_all = grad_all.float().contiguous()
         if self.world == 1:
@@ -220,7 +220,7 @@ class _Plan:
 
 
 class _StrideGathers:
-    """Iterate ``(heads_k, k_all, v_all)`` over the KV-head strides: ``k_all``, ``v_all`` ``[T,
+    """Iterate ``(heads_k, k_all, v_all)`` over the KV-head strides: ``k_all``, ``v_all`` ``[S,
     stride, d]`` every rank's rows of those heads, in rank order. The next stride's all-gathers are
     posted (async) before the current one is handed out, so they overlap its compute."""
 
@@ -377,9 +377,9 @@ def llama3_flash_attn_varlen_func(
     docstring).
 
     Args:
-        q (torch.Tensor): ``[T / P, h, d]``, this rank's rows of the packed batch.
-        k (torch.Tensor): ``[T / P, h_k, d]`` (``h % h_k == 0``).
-        v (torch.Tensor): ``[T / P, h_k, d]``.
+        q (torch.Tensor): ``[S / P, h, d]``, this rank's rows of the packed batch.
+        k (torch.Tensor): ``[S / P, h_k, d]`` (``h % h_k == 0``).
+        v (torch.Tensor): ``[S / P, h_k, d]``.
         cu_seqlens_q (torch.Tensor): int32, from :func:`llama3_flash_attn_prepare_cu_seqlens`.
         cu_seqlens_k (torch.Tensor): int32, likewise.
         max_seqlen_q (int): likewise.
@@ -398,7 +398,7 @@ def llama3_flash_attn_varlen_func(
             kernels' in :mod:`kernels.sequence_parallel`).
 
     Returns:
-        ``out [T / P, h, d]`` in q's dtype, or ``(out, softmax_lse [h, T / P] fp32, None)`` with
+        ``out [S / P, h, d]`` in q's dtype, or ``(out, softmax_lse [h, S / P] fp32, None)`` with
         ``return_attn_probs=True``.
     """
     return _llama3(
@@ -439,7 +439,7 @@ def llama3_flash_attn_varlen_kvpacked_func(
     *,
     backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`llama3_flash_attn_varlen_func` with ``kv [T / P, 2, h_k, d]`` (k and v stacked on dim
+    """:func:`llama3_flash_attn_varlen_func` with ``kv [S / P, 2, h_k, d]`` (k and v stacked on dim
     1)."""
     return _llama3(
         "llama3_flash_attn_varlen_kvpacked_func",
@@ -478,7 +478,7 @@ def llama3_flash_attn_varlen_qkvpacked_func(
     *,
     backend: AttentionBackend = REFERENCE_BACKEND,
 ):
-    """:func:`llama3_flash_attn_varlen_func` with ``qkv [T / P, 3, h, d]`` (q, k, v stacked on dim
+    """:func:`llama3_flash_attn_varlen_func` with ``qkv [S / P, 3, h, d]`` (q, k, v stacked on dim
     1)."""
     return _llama3(
         "llama3_flash_attn_varlen_qkvpacked_func",
@@ -533,7 +533,7 @@ def check_heads_k_stride(nheads_k: int, heads_k_stride: int) -> None:
 
 
 def check_varlen_packed(name: str, x: torch.Tensor, parts: int) -> None:
-    """ring-flash-attention's packed varlen layouts: ``kv [T / P, 2, h_k, d]``, ``qkv [T / P, 3, h,
+    """ring-flash-attention's packed varlen layouts: ``kv [S / P, 2, h_k, d]``, ``qkv [S / P, 3, h,
     d]``."""
     if x.dim() != 4 or x.shape[1] != parts:
         raise ValueError(
@@ -553,7 +553,7 @@ def check_backend_has_varlen(backend: AttentionBackend) -> None:
 
 
 def check_local_k_slice(local_k_slice: object, gathered_rows: int) -> None:
-    """``local_k_slice`` selects rows of the gathered ``[T, ...]`` keys: a plain slice inside
+    """``local_k_slice`` selects rows of the gathered ``[S, ...]`` keys: a plain slice inside
     them."""
     if (
         not isinstance(local_k_slice, slice)

@@ -1398,6 +1398,7 @@ LEARNING_PATH = [
     "tutorials/07_backward/",
     "tutorials/09_conformance/",
     "tutorials/10_training_packed/",
+    "tutorials/11_ring_training/",
     "side-by-side/",
     "errors/",
 ]

@@ -9,6 +9,10 @@ token count, backpropagates and all-reduces the parameter gradients (sum): 3 SGD
 runs the same 3 steps on the whole batch with transformers' eager attention, which masks the packed
 documents from ``position_ids`` (transformers' packed-sequence detection). Losses and every
 parameter's gradient at every step agree within 1e-5 (fp32).
+
+In bf16 (the model's weights and activations), the gradients of one step on 2 ranks meet
+FlashAttention's rule against the same step in float64 in one process, the baseline being that step
+in bf16 in one process (eager attention).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import transformers
 
 from attn_ref import sequence_parallel as sp
 from attn_ref.sequence_parallel import hf_adapter
+from tolerance import assert_close_fa
 
 DOCS = (5, 13, 9, 5)  # S = 32 tokens; document 1 (tokens 5..17) straddles the ranks' halves
 STEPS = 3
@@ -92,9 +97,9 @@ def summed_loss(model, batch: dict, rows: slice, tokens: int) -> torch.Tensor:
     )
 
 
-def one_process() -> dict:
-    """The whole batch in one process, transformers' eager attention."""
-    batch, model = packed_batch(), tiny_llama()
+def one_process(dtype: torch.dtype = torch.float32) -> dict:
+    """The whole batch in one process, transformers' eager attention, the model in ``dtype``."""
+    batch, model = packed_batch(), tiny_llama().to(dtype)
     model.set_attn_implementation("eager")
     tokens = int((batch["labels"] != -100).sum())
 
@@ -106,19 +111,25 @@ def one_process() -> dict:
     return train(model, step)
 
 
-def run_rank(impl: str, heads_k_stride: int) -> dict:
-    """This rank's half of the batch through the adapter; gradients and loss all-reduced."""
-    api = sp if impl == "attn_ref" else __import__("kernels.sequence_parallel").sequence_parallel
+def run_rank(heads_k_stride: int) -> dict:
+    """The fp32 training and the bf16 gradients of one step on this rank."""
+    sp.substitute_hf_flash_attn(None, heads_k_stride)
+    first_bf16_step = rank_training(torch.bfloat16)["grads"][0]
+    return dict(rank_training(torch.float32), first_bf16_step=first_bf16_step)
+
+
+def rank_training(dtype: torch.dtype) -> dict:
+    """This rank's half of the batch through the adapter, the model in ``dtype``; gradients and loss
+    all-reduced."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    batch, model = packed_batch(), tiny_llama()
-    api.substitute_hf_flash_attn(None, heads_k_stride)
+    batch, model = packed_batch(), tiny_llama().to(dtype)
     model.set_attn_implementation(hf_adapter.RING_ATTN_IMPLEMENTATION)
     total = batch["input_ids"].shape[1]
     rows = slice(rank * total // world, (rank + 1) * total // world)
     tokens = int((batch["labels"] != -100).sum())
 
     def step(model):
-        api.update_ring_flash_attn_params(batch["cu_seqlens"], None)
+        sp.update_ring_flash_attn_params(batch["cu_seqlens"], None)
         loss = summed_loss(model, batch, rows, tokens)
         loss.backward()
         for p in model.parameters():
@@ -175,7 +186,7 @@ def test_adapter_refusals_are_upstreams_words():
 def runs():
     return dict(
         single=one_process(),
-        ranks=sp.launch(run_rank, 2, ("attn_ref", 1), timeout_s=SPAWN_TIMEOUT_S),
+        ranks=sp.launch(run_rank, 2, (1,), timeout_s=SPAWN_TIMEOUT_S),
     )
 
 
@@ -191,3 +202,13 @@ def test_two_ranks_train_like_one_process(runs):
                 )
     # the steps change the model: three different losses
     assert len({round(float(x), 6) for x in single["losses"]}) == STEPS
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
+def test_two_ranks_in_bf16_meet_flash_attentions_rule(runs):
+    reference = one_process(torch.float64)["grads"][0]
+    baseline = one_process(torch.bfloat16)["grads"][0]
+    for report in runs["ranks"]:
+        for name, grad in reference.items():
+            assert report["first_bf16_step"][name].dtype == torch.bfloat16
+            assert_close_fa(report["first_bf16_step"][name], grad, baseline[name])

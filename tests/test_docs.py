@@ -1442,6 +1442,7 @@ LEARNING_PATH = [
     "tutorials/08_transformers_serving/",
     "tutorials/09_conformance/",
     "tutorials/10_training_packed/",
+    "tutorials/11_ring_training/",
     "side-by-side/",
     "errors/",
 ]

@@ -417,9 +417,7 @@ def test_packed_layouts_are_checked_before_anything_else():
     offsets = sp.llama3_flash_attn_prepare_cu_seqlens(cu_seqlens_of((5, 11)), True, 0, 1)
     with pytest.raises(
         ValueError,
-        match=re.escape(
-            "kv must be a [tokens, 2, heads, head_dim] tensor, got shape (2, 16, 2, 8)"
-        ),
+        match=re.escape("kv must be a [total, 2, heads, head_dim] tensor, got shape (2, 16, 2, 8)"),
     ):
         sp.llama3_flash_attn_varlen_kvpacked_func(
             q, torch.stack([k, v]), *offsets[:4], 1, offsets[4], alibi_slopes=torch.ones(4)

@@ -77,6 +77,7 @@ from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import check_no_dropout, check_positive_int, check_tensors
 from .comm import Group, group_rank, group_size
 from .ring_flash_attn import check_no_alibi
+from .ring_varlen import unpack_varlen
 
 
 @catalogued
@@ -271,7 +272,7 @@ def _llama3(call: str, packed: dict, args: tuple, options: dict, backend: Attent
     cu_seqlens_q, cu_seqlens_k, _, _, heads_k_stride, local_k_slice = args
 
     def checks():
-        q, k, v = _unpack(packed)
+        q, k, v = unpack_varlen(packed)
         check_no_alibi(options["alibi_slopes"])
         check_no_dropout("dropout_p", options["dropout_p"])
         check_backend_has_varlen(backend)
@@ -331,20 +332,6 @@ def _llama3(call: str, packed: dict, args: tuple, options: dict, backend: Attent
     )
     out, lse = _Llama3Attention.apply(q, k, v, plan)
     return (out, lse, None) if options["return_attn_probs"] else out
-
-
-def _unpack(packed: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q, k, v)`` from ``{q, k, v}``, ``{q, kv}`` or ``{qkv}``, checking the packed layout
-    first."""
-    if "qkv" in packed:
-        check_tensors(qkv=packed["qkv"])
-        check_varlen_packed("qkv", packed["qkv"], 3)
-        return packed["qkv"].unbind(1)
-    if "kv" in packed:
-        check_tensors(q=packed["q"], kv=packed["kv"])
-        check_varlen_packed("kv", packed["kv"], 2)
-        return (packed["q"], *packed["kv"].unbind(1))
-    return packed["q"], packed["k"], packed["v"]
 
 
 # The entry points: upstream's signatures (names, order, defaults; annotated here, which upstream's
@@ -529,16 +516,6 @@ def check_heads_k_stride(nheads_k: int, heads_k_stride: int) -> None:
         raise ValueError(
             f"nheads_k % heads_k_stride == 0 does not hold: {nheads_k} KV heads cannot be gathered "
             f"in strides of {heads_k_stride}; pass a heads_k_stride that divides {nheads_k}"
-        )
-
-
-def check_varlen_packed(name: str, x: torch.Tensor, parts: int) -> None:
-    """ring-flash-attention's packed varlen layouts: ``kv [S / P, 2, h_k, d]``, ``qkv [S / P, 3, h,
-    d]``."""
-    if x.dim() != 4 or x.shape[1] != parts:
-        raise ValueError(
-            f"{name} must be a [tokens, {parts}, heads, head_dim] tensor, got shape "
-            f"{tuple(x.shape)}"
         )
 
 

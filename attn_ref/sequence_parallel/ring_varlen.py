@@ -64,7 +64,7 @@ from .ring import Chunk, block_chunks, ring_attention_states
 from .ring_flash_attn import check_no_alibi, check_ring_window
 
 
-def _unpack_varlen(
+def unpack_varlen(
     packed: dict[str, torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q, k, v)`` from ``{q, k, v}``, ``{q, kv}`` or ``{qkv}`` (packed on dim 1), checking the
@@ -114,7 +114,7 @@ def _ring_flash_attn_varlen(
     assertion, then this package's), the ring over the documents, the return convention."""
 
     def checks():
-        q, k, v = _unpack_varlen(packed)
+        q, k, v = unpack_varlen(packed)
         check_no_alibi(alibi_slopes)
         if zigzag:
             check_zigzag_causal(causal)
@@ -431,8 +431,8 @@ def check_varlen_ring_inputs(
 
 
 def check_varlen_packed(name: str, x: torch.Tensor, parts: int) -> None:
-    """ring-flash-attention's packed varlen layouts: ``kv [T / P, 2, h_k, d]``, ``qkv [T / P, 3, h,
-    d]``."""
+    """ring-flash-attention's packed varlen layouts: ``kv [total, 2, h_k, d]``, ``qkv [total, 3,
+    h, d]`` (``total``: this rank's tokens)."""
     if x.dim() != 4 or x.shape[1] != parts:
         raise ValueError(
             f"{name} must be a [total, {parts}, heads, head_dim] tensor, got shape {tuple(x.shape)}"

@@ -27,7 +27,9 @@ Nothing is written into ``docs/``: every page and JSON document is a ``File.gene
 
 from __future__ import annotations
 
+import builtins
 import html
+import importlib
 import json
 import re
 import subprocess
@@ -53,6 +55,12 @@ EXAMPLE_TABS = [
     ("guard", "Guard"),
     ("recovery", "Recovery"),
 ]
+#: The Recovery tab is shown for an error that says a backend cannot do what was asked
+#: (a ``NotImplementedError``): a program falls back to another one, which is what its recovery
+#: does. For a wrong call (``ValueError``, ``TypeError``) no program catches the error to retry: the
+#: Fixed tab is the call to write, and the recovery stays in the catalog only as the check that
+#: the error can be caught (``python -m errors check``).
+RECOVERY_FOR = NotImplementedError
 #: Material's search boost of an entry page: below 1, so that concept words (``cache_seqlens``,
 #: "ring attention") rank the concept pages and tutorials above the 100-odd entries that mention
 #: them; a pasted message still opens its entry first (error-search.js matches it against the
@@ -290,6 +298,8 @@ def entry_page(entry: dict, by_id: dict, output: Optional[str] = None) -> str:
     for key, title in EXAMPLE_TABS:
         if key not in examples:  # an upstream-only entry: fixed and predicate only
             continue
+        if key == "recovery" and not is_capability_gap(entry):
+            continue
         example = examples[key]
         lines += [f'=== "{title}"', ""]
         if key == "guard":  # it runs after the predicate's code (errors/examples.py)
@@ -428,11 +438,34 @@ def _listing(entries: list[dict]) -> list[str]:
     return ['<div class="error-index" markdown>', "", *items, "", "</div>", ""]
 
 
+def raised_class(entry: dict) -> Optional[type]:
+    """The class of the entry's exception: a builtin, or the class of that name in the module that
+    raises it (``source.path``)."""
+    name = entry["exception"]["type"]
+    if isinstance(getattr(builtins, name, None), type):
+        return getattr(builtins, name)
+    path = (entry.get("source") or {}).get("path", "")
+    if not path.endswith(".py"):
+        return None
+    module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+    found = getattr(module, name, None)
+    return found if isinstance(found, type) else None
+
+
+def is_capability_gap(entry: dict) -> bool:
+    """Whether the entry's error says a backend cannot do the call (see :data:`RECOVERY_FOR`)."""
+    raised = raised_class(entry)
+    return raised is not None and issubclass(raised, RECOVERY_FOR)
+
+
 def index_page(catalog: dict) -> str:
     lines = [
         "# Error catalog",
         "",
         catalog.get("scope", "").rstrip(),
+        "",
+        "**Got an error?** Paste its message (or a part of it) into the search box at the top of "
+        "any page: the entry for it comes first.",
         "",
         "Every entry has a page with what the error means, when it happens, the raise statement "
         "in the source, solutions and runnable examples. Exceptions raised through the public API "

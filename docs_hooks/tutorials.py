@@ -9,6 +9,9 @@ intact.
   ": one length per sequence" with an id that the rendered page does not have. So the nav title is
   the notebook's first heading read from its source, and a notebook page's table of contents and
   title are rebuilt from the headings of the rendered HTML.
+* Permalinks: nbconvert's heading permalinks (``anchor-link``) become Material's (``headerlink``),
+  which look the same as on every other page and which the search index leaves out of a section's
+  title (an ``anchor-link`` put a trailing "¶" on every notebook section in search results).
 * Downloads: under its title, each notebook page links the notebook (mkdocs-jupyter's
   ``include_source`` copies it next to the page) and its Python source (``tutorials_src/<name>.py``,
   added here as a generated file in the same folder), and states the run time that
@@ -28,6 +31,8 @@ from mkdocs.structure.toc import get_toc
 SECTION = "Tutorials"
 AFTER = "Concepts"
 SOURCES = "tutorials_src"
+#: nbconvert's permalink after a notebook heading.
+ANCHOR_LINK = re.compile(r'<a class="anchor-link" (href="#[^"]*")>')
 HEADING = re.compile(
     r'<h(?P<level>[1-6]) id="(?P<id>[^"]+)"[^>]*>(?P<inner>.*?)</h(?P=level)>', re.S
 )
@@ -96,7 +101,7 @@ def toc_tokens(content: str) -> list[dict]:
     root = {"level": 0, "children": []}
     stack = [root]
     for match in HEADING.finditer(content):
-        text = re.sub(r'<a class="anchor-link".*?</a>|<[^>]+>', "", match["inner"])
+        text = re.sub(r'<a class="headerlink".*?</a>|<[^>]+>', "", match["inner"])
         token = {
             "level": int(match["level"]),
             "id": match["id"],
@@ -115,6 +120,7 @@ def on_page_content(content, page, config, files):
     code kept), and the download line after the title."""
     if not _is_notebook(page):
         return content
+    content = ANCHOR_LINK.sub(r'<a class="headerlink" \1 title="Permanent link">', content)
     tokens = toc_tokens(content)
     page.toc = get_toc(tokens)
     if tokens and tokens[0]["level"] == 1:

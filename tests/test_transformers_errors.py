@@ -1,6 +1,6 @@
-"""What the transformers integration refuses (catalogued, never computed wrongly), and the errors
-that teach around it: the heads-first layout hint, the kernels without a backend (``softcap=None``:
-in ``tests/test_kvcache_errors.py``)."""
+"""What the transformers integration refuses (catalogued, raised before any attention is computed,
+never computed wrongly), and the errors that teach around it: the heads-first layout hint, the
+kernels without a backend (``softcap=None``: in ``tests/test_kvcache_errors.py``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from transformers.masking_utils import create_causal_mask
 
 import attn_ref
 import errors
-from attn_ref.integrations.transformers import UnsupportedAttention, key_range
+from attn_ref.integrations.transformers import UnsupportedAttention, attention_forward, check_model
 from tests.transformers_models import padded_batch, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,14 +37,6 @@ def test_dropout_in_training_is_refused():
     assert slug(info.value) == "transformers/attention-dropout"
 
 
-def test_gradients_are_refused():
-    model = tiny_model("llama")
-    model.set_attn_implementation("attn_ref")
-    with pytest.raises(UnsupportedAttention) as info:
-        model(**padded_batch())
-    assert slug(info.value) == "transformers/no-gradients"
-
-
 def test_custom_4d_mask_is_refused():
     model = tiny_model("llama")
     model.set_attn_implementation("attn_ref")
@@ -53,31 +47,49 @@ def test_custom_4d_mask_is_refused():
     assert slug(info.value) == "transformers/four-d-mask"
 
 
-def test_right_padding_is_refused_in_generate():
+def test_output_attentions_is_refused():
+    model = tiny_model("llama")
+    model.set_attn_implementation("attn_ref")
+    with torch.no_grad(), pytest.raises(UnsupportedAttention) as info:
+        model(**padded_batch(), output_attentions=True)
+    assert slug(info.value) == "transformers/output-attentions"
+
+
+def test_a_model_without_the_attention_interface_is_named():
+    """Falcon keeps its own attention classes: transformers raises KeyError: 'attn_ref' building it
+    with that name; check_model says why before anything runs."""
+
+    def config():
+        return transformers.FalconConfig(
+            vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=4
+        )
+
+    with pytest.raises(KeyError, match="attn_ref"):
+        transformers.FalconForCausalLM._from_config(config(), attn_implementation="attn_ref")
+    with pytest.raises(UnsupportedAttention) as info:
+        check_model(transformers.FalconForCausalLM(config()))
+    assert slug(info.value) == "transformers/no-attention-interface"
+    assert str(info.value).startswith("FalconForCausalLM does not run its attention")
+    check_model(tiny_model("llama"))  # routed: no error
+
+
+def test_a_mask_that_is_no_varlen_call_is_refused():
+    """A row that skips a key other rows see (an and_mask_function with a hole in a row)."""
     model = tiny_model("llama")
     model.set_attn_implementation("attn_ref")
     inputs = padded_batch()
-    inputs["attention_mask"] = inputs["attention_mask"].flip(1)  # right padding
+    hole = create_causal_mask(
+        config=model.config,
+        inputs_embeds=torch.zeros(3, 6, 64),
+        attention_mask=inputs["attention_mask"],
+        past_key_values=None,
+        and_mask_function=lambda b, h, q, kv: (q != 5) | (kv != 2),  # row 5 skips key 2
+    )
+    query = torch.randn(3, 4, 6, 16)
+    key = torch.randn(3, 2, 6, 16)
     with pytest.raises(UnsupportedAttention) as info:
-        model.generate(**inputs, max_new_tokens=2, do_sample=False, pad_token_id=0)
-    assert slug(info.value) == "transformers/mask-with-holes"
-
-
-def test_packed_sequences_are_refused():
-    model = tiny_model("llama")
-    model.set_attn_implementation("attn_ref")
-    input_ids = padded_batch()["input_ids"][:1]
-    position_ids = torch.tensor([[0, 1, 2, 0, 1, 2]])  # two sequences packed in one row
-    with torch.no_grad(), pytest.raises(UnsupportedAttention) as info:
-        model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        attention_forward(attn_ref.flash_attn_varlen_func, model, query, key, key, hole)
     assert slug(info.value) == "transformers/mask-pattern"
-
-
-def test_key_range_is_leftpad_and_seqlens():
-    mask = torch.tensor([[0, 0, 1, 1, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
-    leftpad, seqlens = key_range(mask, 3, 5, mask.device)
-    assert leftpad.tolist() == [2, 0, 0] and seqlens.tolist() == [4, 5, 0]
-    assert leftpad.dtype == seqlens.dtype == torch.int32
 
 
 def test_heads_first_layout_gets_the_hint():

@@ -332,7 +332,8 @@ for t, sources in enumerate(schedule):
 ring_out = torch.cat([out for out, _ in states])
 torch.testing.assert_close(ring_out, full_causal)  # one dense causal attention over all S tokens
 print("4 simulated ranks, 4 steps, merged with the LSE == dense causal attention")
-#
+
+# %% [markdown]
 # ## Replicated tokens are counted once
 #
 # The 8 text tokens sit on every rank. The K/V-gather run gathers only the *sharded* keys, then

@@ -8,7 +8,8 @@
 # against the code, so it cannot drift.
 #
 # This notebook makes a typical mistake, catches the error, looks it up in the three ways the
-# catalog offers (Python, the command line, the JSON file), and applies the fix.
+# catalog offers in code (Python, the command line, the JSON file), and applies the fix. On this
+# site there is a fourth: paste the error message into the search box, and its entry comes first.
 
 # %%
 import json
@@ -133,9 +134,12 @@ else:
 # example:
 #
 # ```bash
-# python -m errors explain "batch entry 0: cache_seqlens (8) + new tokens (1) exceeds the cache
-# capacity (8 tokens per sequence)" python -m errors explain 9a8439341d112b8b python -m errors
-# explain - < traceback.txt python -m errors search capacity ```
+# python -m errors explain "batch entry 0: cache_seqlens (8) + new tokens (1) exceeds the \
+# cache capacity (8 tokens per sequence)"
+# python -m errors explain 9a8439341d112b8b
+# python -m errors explain - < traceback.txt
+# python -m errors search capacity
+# ```
 #
 # Here we run them from Python and show the beginning of the output.
 
@@ -218,14 +222,14 @@ assert decode(12, bigger_table) == 12
 # %% [markdown]
 # ## Summary
 #
-# | Way in | Use |
-# |---|---|
-# | the exception note | ``attn-ref error <id>: <slug>; run `python -m errors explain <id>` or see
-# <docs link>`` under every traceback |
-# | `errors.lookup(exc_or_message)` | the entry as a dict: meaning, solutions, examples, source |
-# | `python -m errors explain <message, traceback, id or slug>` (`-` reads a pasted traceback from
-# stdin) | the same entry as Markdown in a terminal |
-# | `errors/catalog.json`, `/api/errors/<id>.json` | the raw data, for tools and other languages |
+# * **The exception note** under every traceback:
+#   ``attn-ref error <id>: <slug>; run `python -m errors explain <id>` or see <docs link>``.
+# * **The site's search box**: paste the error message into it; its entry comes first.
+# * **`errors.lookup(exc_or_message)`**: the entry as a dict: meaning, solutions, examples, source.
+# * **`python -m errors explain <message, traceback, id or slug>`** (`-` reads a pasted traceback
+#   from stdin): the same entry as Markdown in a terminal.
+# * **`errors/catalog.json`, `/api/errors/<id>.json`**: the raw data, for tools and other
+#   languages.
 #
 # The other tutorials catch their errors the same way: the cells that make a mistake on purpose
 # assert the error and resolve it to its catalog id.

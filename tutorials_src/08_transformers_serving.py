@@ -18,11 +18,18 @@
 # * **decode** steps that append each new key and value in place at `cache_seqlens` (`k=`, `v=`);
 # * requests **admitted and retired** between steps, their pages reused;
 #
-# and checks every request's tokens against transformers' `generate`. To let transformers itself
-# call this package instead (its cache, your model), see *Using attn-ref with transformers*.
+# and checks every request's tokens against transformers' `generate`. At the end, transformers
+# itself calls this package instead (its cache, your model: `register()`), with what that supports
+# and refuses; *Using attn-ref with transformers* has the details.
 
 # %%
+import warnings
+
 import torch
+
+# transformers imports tqdm.auto, which warns in a notebook without ipywidgets (progress bars are
+# not used here)
+warnings.filterwarnings("ignore", message="IProgress not found")
 import transformers
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -308,3 +315,57 @@ for r in sorted(finished, key=lambda r: r.name):
 # instead (on a CPU, with `TRITON_INTERPRET=1` set before the import). What changes in a real
 # engine is scale, not shape: thousands of pages, CUDA graphs around `decode`, and chunked prefill
 # (a prompt's chunks appended at growing `cache_seqlens`, which this same call also does).
+#
+# ## Letting transformers call attn-ref instead
+#
+# Without a loop of your own, `register()` adds `"attn_ref"` (and `"attn_ref_kernels"`) to
+# transformers' attention implementations: transformers keeps its cache and its `generate`, and
+# runs every attention layer as one `flash_attn_varlen_func` call (the mask transformers builds,
+# padding and packed sequences dropped into the varlen layout, the window read off the mask, the
+# attention sinks of models such as GPT-OSS passed as `sinks`), forward and backward. Here the same
+# model generates for the same requests, all together in one **right-padded** batch, the padding
+# that this loop's batched prefill also uses: the token each request predicts after its prompt is
+# the loop's first token.
+
+# %%
+from attn_ref.integrations.transformers import UnsupportedAttention, check_model, register
+
+register()
+check_model(model)  # Llama calls its attention through transformers' AttentionInterface
+model.set_attn_implementation("attn_ref")
+requests = sorted(finished, key=lambda r: r.name)
+longest = max(len(r.prompt) for r in requests)
+input_ids = torch.zeros(len(requests), longest, dtype=torch.long)
+attention_mask = torch.zeros(len(requests), longest, dtype=torch.long)
+for i, r in enumerate(requests):
+    input_ids[i, : len(r.prompt)] = r.prompt
+    attention_mask[i, : len(r.prompt)] = 1
+with torch.no_grad():
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+for i, r in enumerate(requests):
+    first = int(logits[i, len(r.prompt) - 1].argmax())  # the token after the prompt
+    assert first == r.tokens[0], (r.name, first, r.tokens[0])
+print("first tokens of", [r.name for r in requests], "==", [r.tokens[0] for r in requests])
+
+# %% [markdown]
+# What it computes and what it refuses is listed on the page *Using attn-ref with transformers*:
+# padding on either side, sliding windows, softcap, sinks, packed sequences and training are
+# computed, each checked against eager attention; what a varlen call cannot express is refused
+# with a catalogued `UnsupportedAttention` **before** any attention is computed, never computed
+# another way: attention dropout, `output_attentions=True` (FlashAttention never forms the
+# probabilities), non-causal layers, custom 4-D masks, and models that do not call their attention
+# through transformers' `AttentionInterface` (Falcon: `check_model` says so). One of them:
+
+# %%
+import errors
+
+try:
+    with torch.no_grad():
+        model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
+except UnsupportedAttention as error:
+    entry = errors.lookup(error)
+    assert entry["slug"] == "transformers/output-attentions"
+    print(f"{error}\n  -> catalog entry {entry['id']}: {entry['slug']}")
+else:
+    raise AssertionError("expected UnsupportedAttention")
+model.set_attn_implementation("eager")

@@ -230,4 +230,4 @@ print(cli.stdout)
 # On a CUDA machine, the same suite runs against sglang's wrapper
 # (`sgl_kernel.flash_attn:flash_attn_with_kvcache`) or FlashAttention 3
 # (`flash_attn_interface:flash_attn_with_kvcache --unsupported
-# only_qv,sinks,out,ver,sglang_errors`); see the [conformance page](../conformance.md).
+# only_qv,sinks,out,ver,sglang_errors`); see the [conformance page](../../conformance/).

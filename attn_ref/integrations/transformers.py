@@ -3,33 +3,39 @@
 :func:`register` adds two attention implementations to transformers' ``AttentionInterface`` and
 ``AttentionMaskInterface``:
 
-* ``"attn_ref"``: :func:`attn_ref.flash_attn_with_kvcache` (the fp32 reference);
-* ``"attn_ref_kernels"``: :func:`kernels.flash_attn_with_kvcache` (the Triton kernels; on a CPU set
-  ``TRITON_INTERPRET=1`` before anything imports them).
+* ``"attn_ref"``: :func:`attn_ref.flash_attn_varlen_func` (the fp32 reference, with gradients);
+* ``"attn_ref_kernels"``: :func:`kernels.flash_attn_varlen_func` (the Triton kernels, with
+  gradients; on a CPU set ``TRITON_INTERPRET=1`` before anything imports them).
 
 Then ``model.set_attn_implementation("attn_ref")`` or ``from_pretrained(..., attn_implementation=
-"attn_ref")`` runs every attention layer of a decoder (Llama, Mistral, Qwen2, Gemma-2 and the like)
-as one ``flash_attn_with_kvcache`` call over the keys and values transformers' own KV cache returns.
-The conversions (transformers -> FA3 API):
+"attn_ref")`` runs every attention layer of a decoder (Llama, Mistral, Qwen2, Gemma-2, GPT-OSS and
+the like) as one ``flash_attn_varlen_func`` call, forward and backward, as transformers' own
+flash-attention integration does for a padded batch (unpad, varlen, pad back):
 
-* layout: ``query`` ``(b, h, sq, d)`` -> ``q = query.transpose(1, 2)`` ``(b, sq, h, d)``; ``key`` /
-  ``value`` ``(b, h_k, skv, d)`` -> ``k_cache`` / ``v_cache`` ``(b, skv, h_k, d)`` (views, no copy);
-  the output ``(b, sq, h, d)`` is what transformers expects back. GQA needs nothing: ``h_k`` divides
-  ``h``.
-* the mask: :func:`padding_mask` (the mask function) returns, per batch entry, which of the ``skv``
-  keys hold tokens: ``(b, skv)`` bool. It must be one run ``[leftpad, seqlen)``: left padding gives
-  ``cache_leftpad``; keys after the run (a static cache's empty slots) give ``cache_seqlens``.
-  Causality is FA3's ``causal=True``, aligned to the last key, which is where transformers puts the
-  queries. The mask function checks that the pattern transformers asks for is causal (optionally
-  with the config's sliding window); anything else raises :class:`UnsupportedAttention`.
-* ``scaling`` -> ``softmax_scale``; ``softcap=None`` (off) -> ``softcap=0.0``.
-* ``sliding_window=W`` (a key is visible when ``q_pos - k_pos < W``) -> ``window_size=(W - 1, 0)``.
+* the mask: the mask function (:func:`visibility_mask`) builds the mask the model asks for with
+  transformers' own ``sdpa_mask``, the mask ``eager`` and ``sdpa`` use (causal, the sliding window
+  of the layer type, packed sequences from restarting ``position_ids``, chunks, padding keys):
+  ``(b, sq, skv)`` bool, query row ``i`` sees key ``j``.
+* the call: :func:`attn_ref.integrations.packed_layout.packed_layout` turns that mask into packed
+  query rows and keys, ``cu_seqlens_q`` / ``cu_seqlens_k`` and FA3's ``window_size = (left, 0)``,
+  and checks that ``causal=True`` with that window gives exactly the mask; otherwise the mask is
+  refused. So the window is the mask's (what eager computes), whether or not the layer passes
+  ``sliding_window``; left padding, right padding and padding between tokens (a right-padded
+  batch in ``generate``) are all dropped keys.
+* layout: ``query`` ``(b, h, sq, d)`` -> rows ``query.transpose(1, 2)[batch, position]``
+  ``(total_q, h, d)``; ``key`` / ``value`` ``(b, h_k, skv, d)`` -> ``(total_k, h_k, d)`` likewise
+  (transformers' KV cache has already appended the new keys). The packed output goes back to
+  ``(b, sq, h, d_v)``; a query that sees no key (left padding) gets 0 (eager gives it the mean
+  of all values; nothing reads it). GQA needs nothing: ``h_k`` divides ``h``.
+* ``scaling`` -> ``softmax_scale``; ``softcap=None`` (off) -> ``softcap=0.0``; ``s_aux`` (attention
+  sinks, GPT-OSS and others: ``(h,)`` logits with no value) -> ``sinks``.
 
-Not supported, raised as :class:`UnsupportedAttention` rather than computed wrongly: attention
-dropout (``dropout > 0`` while training), gradients (the call is forward-only), 4-D masks (custom
-masks, or masks prepared for another implementation), and mask patterns other than causal with left
-padding and a sliding window (packed sequences, bidirectional or chunked attention, masks with
-holes).
+Refused with :class:`UnsupportedAttention` before anything is computed: attention dropout (a model
+in training mode with ``attention_dropout > 0``), ``output_attentions=True`` (no probabilities are
+formed), non-causal layers, 4-D masks (custom masks, or masks made for another implementation),
+masks that no varlen call reproduces (bidirectional blocks, prefix-LM overlays), ``cu_seq_lens_q``
+/ ``cu_seq_lens_k`` that disagree with the mask, and (:func:`check_model`) models that do not route
+their attention through ``AttentionInterface``.
 """
 
 from __future__ import annotations
@@ -38,15 +44,16 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from ..kvcache import flash_attn_with_kvcache as reference_flash_attn_with_kvcache
+from ..flash_attn import flash_attn_varlen_func as reference_flash_attn_varlen_func
 from ..packages import own_package
+from .packed_layout import PackedLayout, packed_layout
 
-#: The implementation names :func:`register` adds, and the ``flash_attn_with_kvcache`` each runs.
+#: The implementation names :func:`register` adds, and the ``flash_attn_varlen_func`` each runs.
 IMPLEMENTATIONS = ("attn_ref", "attn_ref_kernels")
 
 
 class UnsupportedAttention(NotImplementedError):
-    """A transformers attention call that ``flash_attn_with_kvcache`` cannot express."""
+    """A transformers attention call that ``flash_attn_varlen_func`` cannot express."""
 
 
 def register() -> None:
@@ -59,27 +66,43 @@ def register() -> None:
 
     for name in IMPLEMENTATIONS:
         AttentionInterface.register(name, _attention_function(name))
-        AttentionMaskInterface.register(name, padding_mask)
+        AttentionMaskInterface.register(name, visibility_mask)
+
+
+def check_model(model: torch.nn.Module) -> None:
+    """Raise :class:`UnsupportedAttention` when ``model`` (or a model inside it) does not call its
+    attention through transformers' ``AttentionInterface`` (``is_backend_compatible()`` is False,
+    Falcon for one): ``attn_implementation="attn_ref"`` cannot reach such a model."""
+    for module in model.modules():
+        compatible = getattr(type(module), "is_backend_compatible", None)
+        if compatible is not None and not compatible():
+            raise UnsupportedAttention(
+                f"{type(module).__name__} does not run its attention through transformers' "
+                "AttentionInterface, so attn_implementation='attn_ref' cannot reach it: building "
+                "it with that name raises KeyError: 'attn_ref' inside transformers, and "
+                "set_attn_implementation leaves its implementation unchanged; use 'eager' or "
+                "'sdpa' for this model"
+            )
 
 
 def _attention_function(name: str) -> Callable:
     def attention(module, query, key, value, attention_mask, **kwargs):
         return attention_forward(
-            _flash_attn_with_kvcache(name), module, query, key, value, attention_mask, **kwargs
+            _flash_attn_varlen_func(name), module, query, key, value, attention_mask, **kwargs
         )
 
     attention.__name__ = attention.__qualname__ = f"{name}_attention"
     return attention
 
 
-def _flash_attn_with_kvcache(name: str) -> Callable:
+def _flash_attn_varlen_func(name: str) -> Callable:
     if name == "attn_ref":
-        return reference_flash_attn_with_kvcache
-    return own_package("kernels").flash_attn_with_kvcache
+        return reference_flash_attn_varlen_func
+    return own_package("kernels").flash_attn_varlen_func
 
 
 def attention_forward(
-    flash_attn_with_kvcache: Callable,
+    flash_attn_varlen_func: Callable,
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -90,76 +113,104 @@ def attention_forward(
     sliding_window: Optional[int] = None,
     softcap: Optional[float] = None,
     is_causal: Optional[bool] = None,
+    s_aux: Optional[torch.Tensor] = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """One attention layer: ``query`` ``(b, h, sq, d)``, ``key`` / ``value`` ``(b, h_k, skv, d|dv)``
-    (all the keys, after transformers' cache update), ``attention_mask`` from :func:`padding_mask`.
-    Returns ``(out, None)`` with ``out`` ``(b, sq, h, dv)``."""
+    """One attention layer: ``query`` ``(b, h, sq, d)``, ``key`` / ``value`` ``(b, h_k, skv,
+    d|dv)`` (all the keys, after transformers' cache update), ``attention_mask`` from
+    :func:`visibility_mask` ``(b, sq, skv)`` (None: causal over all keys, within
+    ``sliding_window``), ``s_aux`` ``(h,)`` sink logits or None. Returns ``(out, None)`` with
+    ``out`` ``(b, sq, h, dv)``; differentiable through ``flash_attn_varlen_func``."""
     if dropout:
         raise UnsupportedAttention(
             f"attn_ref attention has no attention dropout, got dropout={dropout}: call "
             "model.eval(), "
             f"or set the config's attention_dropout to 0.0"
         )
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+    config = getattr(module, "config", None)
+    if kwargs.get("output_attentions", getattr(config, "output_attentions", False)):
         raise UnsupportedAttention(
-            "attn_ref attention computes no gradients: run it under torch.no_grad() or "
-            "torch.inference_mode() (generate does), or train with another attn_implementation"
+            "attn_ref attention returns no attention probabilities (output_attentions=True): "
+            "FlashAttention never forms them; run the model with attn_implementation='eager' to "
+            "get them"
         )
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     if not causal:
         raise UnsupportedAttention(
             "attn_ref attention supports causal (decoder) attention only, got is_causal=False"
         )
-    leftpad, seqlens = key_range(attention_mask, query.shape[0], key.shape[2], key.device)
-    out = flash_attn_with_kvcache(
-        query.transpose(1, 2),
-        key.transpose(1, 2),
-        value.transpose(1, 2),
-        cache_seqlens=seqlens,
-        cache_leftpad=leftpad,
+    b, h, sq, _ = query.shape
+    visible = _visible(attention_mask, b, sq, key.shape[2], sliding_window, query.device)
+    layout = packed_layout(visible)
+    if layout is None:
+        raise UnsupportedAttention(
+            "attn_ref attention computes masks that are causal within each sequence, with one "
+            "sliding window and any padding; this model asks for another pattern (bidirectional "
+            "blocks, a prefix or image overlay, or a custom mask): use attn_implementation="
+            "'eager' or 'sdpa' for it"
+        )
+    _check_packed_kwargs(layout, kwargs)
+    out = value.new_zeros(b, sq, h, value.shape[-1])
+    if layout.query_batch.numel() == 0:  # every query is padding
+        return out, None
+    packed = flash_attn_varlen_func(
+        query.transpose(1, 2)[layout.query_batch, layout.query_position],
+        key.transpose(1, 2)[layout.key_batch, layout.key_position],
+        value.transpose(1, 2)[layout.key_batch, layout.key_position],
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_k,
+        layout.max_seqlen_q,
+        layout.max_seqlen_k,
         softmax_scale=scaling,
         causal=True,
-        window_size=(-1, -1) if sliding_window is None else (sliding_window - 1, 0),
+        window_size=(layout.window_left, 0) if layout.window_left >= 0 else (-1, -1),
         softcap=0.0 if softcap is None else softcap,
+        sinks=s_aux,
     )
+    out = out.index_put((layout.query_batch, layout.query_position), packed)
     return out, None
 
 
-def key_range(
-    attention_mask: Optional[torch.Tensor], batch: int, seqlen_k: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cache_leftpad, cache_seqlens)``, ``(b,)`` int32 each, from the ``(b, skv)`` mask of the
-    keys that hold tokens (:func:`padding_mask`; None: all of them). Each row must be one run of
-    True."""
+def _visible(
+    attention_mask: Optional[torch.Tensor],
+    batch: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    sliding_window: Optional[int],
+    device: torch.device,
+) -> torch.Tensor:
+    """``(b, sq, skv)`` bool: the mask function's, checked; or, for None, causal (queries on the
+    last ``sq`` keys) within ``sliding_window``."""
     if attention_mask is None:
-        return (
-            torch.zeros(batch, dtype=torch.int32, device=device),
-            torch.full((batch,), seqlen_k, dtype=torch.int32, device=device),
-        )
-    if attention_mask.dim() != 2 or attention_mask.shape[-1] != seqlen_k:
+        i = torch.arange(seqlen_q, device=device)[:, None] + seqlen_k - seqlen_q
+        j = torch.arange(seqlen_k, device=device)[None, :]
+        visible = (j <= i) & ((j > i - sliding_window) if sliding_window else True)
+        return visible.expand(batch, seqlen_q, seqlen_k)
+    if attention_mask.dim() != 3 or tuple(attention_mask.shape) != (batch, seqlen_q, seqlen_k):
         raise UnsupportedAttention(
-            "attn_ref attention takes the (batch, keys) padding mask its mask function makes, got "
-            "a mask "
-            f"of shape {tuple(attention_mask.shape)} for {seqlen_k} keys: a custom 4-D attention "
-            "mask "
-            f"cannot be expressed; pass a 2-D attention_mask (1 = token, 0 = padding) instead"
+            "attn_ref attention takes the (batch, queries, keys) mask its mask function makes, "
+            f"got a mask of shape {tuple(attention_mask.shape)} for {seqlen_q} queries and "
+            f"{seqlen_k} keys: a custom 4-D attention mask cannot be expressed; pass a 2-D "
+            "attention_mask (1 = token, 0 = padding) instead"
         )
-    mask = attention_mask.to(torch.bool)
-    positions = torch.arange(seqlen_k, device=mask.device)
-    seqlens = torch.where(mask, positions + 1, 0).amax(dim=1)  # one past the last token
-    # the first; 0 if none
-    leftpad = torch.minimum(torch.where(mask, positions, seqlen_k).amin(dim=1), seqlens)
-    if not bool((mask.sum(dim=1) == seqlens - leftpad).all()):
-        raise UnsupportedAttention(
-            "attn_ref attention expresses padding as cache_leftpad and cache_seqlens: each row of "
-            "attention_mask must be padding, then tokens, then padding (left padding); this mask "
-            "has padding between tokens"
-        )
-    return leftpad.to(torch.int32), seqlens.to(torch.int32)
+    return attention_mask.to(torch.bool)
 
 
-def padding_mask(
+def _check_packed_kwargs(layout: PackedLayout, kwargs: dict) -> None:
+    """``cu_seq_lens_q`` / ``cu_seq_lens_k`` (transformers' packed-sequence keywords for
+    flash-attention implementations), when given, must be the sequences the mask has."""
+    for name, derived in (("q", layout.cu_seqlens_q), ("k", layout.cu_seqlens_k)):
+        given = kwargs.get(f"cu_seq_lens_{name}")
+        if given is not None and given.tolist() != derived.tolist():
+            raise UnsupportedAttention(
+                f"attn_ref attention got cu_seq_lens_{name}={given.tolist()}, but the model's "
+                f"mask has the sequences {derived.tolist()}: pass position_ids that restart at 0 "
+                "at each packed sequence (as DataCollatorWithFlattening does) and no "
+                "attention_mask"
+            )
+
+
+def visibility_mask(
     batch_size: int,
     q_length: int,
     kv_length: int,
@@ -167,65 +218,38 @@ def padding_mask(
     kv_offset: int = 0,
     mask_function: Optional[Callable] = None,
     attention_mask: Optional[torch.Tensor] = None,
-    config: Optional[object] = None,
+    use_vmap: bool = False,
     **kwargs: object,
 ) -> torch.Tensor:
-    """The mask function (``AttentionMaskInterface``): which of the ``kv_length`` keys hold tokens,
-    ``(b, kv_length)`` bool, for :func:`attention_forward`.
+    """The mask function (``AttentionMaskInterface``): which key each query row sees, ``(b,
+    q_length, kv_length)`` bool, for :func:`attention_forward`.
 
-    Key ``j`` sits at position ``kv_offset + j``; queries at ``q_offset + i``. A key holds a token
-    when the 2-D ``attention_mask`` (over positions ``0..``) says so and the position is before the
-    end of the queries (later slots of a static cache are empty). ``mask_function`` (the pattern
-    transformers asks for, without padding) must be causal, or causal within the config's sliding
-    window: FA3's ``causal=True`` and ``window_size`` give exactly those.
+    Key ``j`` sits at position ``kv_offset + j``; query ``i`` at ``q_offset + i``. The mask is
+    transformers' ``sdpa_mask`` (the mask of ``eager`` and ``sdpa``) of ``mask_function`` (default
+    causal) and the 2-D ``attention_mask`` (over positions ``0..``: it hides padding keys).
     """
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
     device = attention_mask.device if attention_mask is not None else kwargs.get("device", "cpu")
-    q_positions = torch.arange(q_length, device=device) + q_offset
-    kv_positions = torch.arange(kv_length, device=device) + kv_offset
-    if mask_function is not None:
-        _require_causal(
-            mask_function,
-            batch_size,
-            q_positions,
-            kv_positions,
-            getattr(config, "sliding_window", None),
-        )
-    holds_token = (kv_positions < q_offset + q_length).expand(batch_size, kv_length)
-    if attention_mask is not None:
-        inside = kv_positions < attention_mask.shape[1]
-        padded = attention_mask.to(torch.bool)[
-            :, kv_positions.clamp(max=attention_mask.shape[1] - 1)
-        ]
-        holds_token = holds_token & inside & padded
-    return holds_token
-
-
-def _require_causal(
-    mask_function: Callable,
-    batch: int,
-    q_positions: torch.Tensor,
-    kv_positions: torch.Tensor,
-    sliding_window: Optional[int],
-) -> None:
-    """``mask_function`` over the ``(b, sq, skv)`` grid is causal, or causal within
-    ``sliding_window``."""
-    b = torch.arange(batch, device=q_positions.device)[:, None, None]
-    h = torch.zeros((), dtype=torch.long, device=q_positions.device)
-    q, kv = q_positions[None, :, None], kv_positions[None, None, :]
     try:
-        asked = torch.as_tensor(mask_function(b, h, q, kv)).expand(batch, q.shape[1], kv.shape[2])
-    # a mask function that needs vmap: not one of transformers' index patterns
+        visible = sdpa_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function or causal_mask_function,
+            attention_mask=None if attention_mask is None else attention_mask.to(torch.bool),
+            allow_is_causal_skip=False,
+            allow_is_bidirectional_skip=False,
+            use_vmap=use_vmap,
+            device=device,
+        )[:, 0]
+    # a mask function that needs vmap, called without it
     except Exception as exc:
         raise UnsupportedAttention(
-            "attn_ref attention supports causal masks with left padding and a sliding window; this "
-            "model asks for a mask that cannot be evaluated on index tensors (a custom mask "
-            "function)"
+            "attn_ref attention builds the model's mask on index tensors, as transformers' sdpa "
+            "mask does; this model asks for a mask that cannot be evaluated on index tensors (a "
+            "custom mask function)"
         ) from exc
-    causal = kv <= q
-    patterns = [causal] + ([causal & (kv > q - sliding_window)] if sliding_window else [])
-    if not any(bool((asked == p).all()) for p in patterns):
-        raise UnsupportedAttention(
-            "attn_ref attention supports causal masks with left padding and a sliding window; this "
-            "model asks for another pattern (packed sequences, bidirectional, chunked or custom "
-            "attention): use attn_implementation='eager' or 'sdpa' for it"
-        )
+    return visible

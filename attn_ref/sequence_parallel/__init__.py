@@ -9,7 +9,14 @@ rank holds whole are counted once.
 * :class:`USPAttention`: Ulysses inside groups x ring across them, zigzag load balancing for causal.
 * :func:`ring_attention`: the ring on its own, with the stable fp32 LSE merge.
 * ring-flash-attention's entry points on that ring: :func:`ring_flash_attn_func`,
-  :func:`zigzag_ring_flash_attn_func` and their ``_kvpacked_func`` / ``_qkvpacked_func`` variants.
+  :func:`zigzag_ring_flash_attn_func` and their ``_kvpacked_func`` / ``_qkvpacked_func`` variants;
+  the packed-batch ones :func:`ring_flash_attn_varlen_func`,
+  :func:`zigzag_ring_flash_attn_varlen_func` (:mod:`.ring_varlen`) and the striped layout's
+  :func:`stripe_flash_attn_func` (:mod:`.stripe`), with the same variants.
+* ring-flash-attention's llama3 schedule for packed documents (K/V all-gathered by head strides):
+  :func:`llama3_flash_attn_varlen_func` (+ ``_kvpacked_func`` / ``_qkvpacked_func``),
+  :func:`llama3_flash_attn_prepare_cu_seqlens`; its transformers adapter
+  :func:`substitute_hf_flash_attn` / :func:`update_ring_flash_attn_params` (:mod:`.hf_adapter`).
 * Collectives: :func:`all_to_all_4d`, :func:`all_gather`, :class:`RingExchange`. ``group=None`` is
   the default group (the world), as in ``torch.distributed``; :data:`SELF_GROUP` is this rank alone.
 * :func:`init_sequence_parallel_groups` / :class:`SequenceParallelGroups`: the group layout.
@@ -59,8 +66,15 @@ from .comm import (
     heads_of_rank,
 )
 from .groups import SequenceParallelGroups, init_sequence_parallel_groups
+from .hf_adapter import substitute_hf_flash_attn, update_ring_flash_attn_params
 from .launch import launch
 from .layout import shard_positions, shard_sequence, unshard_sequence
+from .llama3 import (
+    llama3_flash_attn_prepare_cu_seqlens,
+    llama3_flash_attn_varlen_func,
+    llama3_flash_attn_varlen_kvpacked_func,
+    llama3_flash_attn_varlen_qkvpacked_func,
+)
 from .ring import ring_attention
 from .ring_flash_attn import (
     ring_flash_attn_func,
@@ -69,6 +83,19 @@ from .ring_flash_attn import (
     zigzag_ring_flash_attn_func,
     zigzag_ring_flash_attn_kvpacked_func,
     zigzag_ring_flash_attn_qkvpacked_func,
+)
+from .ring_varlen import (
+    ring_flash_attn_varlen_func,
+    ring_flash_attn_varlen_kvpacked_func,
+    ring_flash_attn_varlen_qkvpacked_func,
+    zigzag_ring_flash_attn_varlen_func,
+    zigzag_ring_flash_attn_varlen_kvpacked_func,
+    zigzag_ring_flash_attn_varlen_qkvpacked_func,
+)
+from .stripe import (
+    stripe_flash_attn_func,
+    stripe_flash_attn_kvpacked_func,
+    stripe_flash_attn_qkvpacked_func,
 )
 from .ulysses import UlyssesAttention
 from .usp import USPAttention
@@ -88,14 +115,29 @@ __all__ = [
     "heads_of_rank",
     "init_sequence_parallel_groups",
     "launch",
+    "llama3_flash_attn_prepare_cu_seqlens",
+    "llama3_flash_attn_varlen_func",
+    "llama3_flash_attn_varlen_kvpacked_func",
+    "llama3_flash_attn_varlen_qkvpacked_func",
     "ring_attention",
     "ring_flash_attn_func",
     "ring_flash_attn_kvpacked_func",
     "ring_flash_attn_qkvpacked_func",
+    "ring_flash_attn_varlen_func",
+    "ring_flash_attn_varlen_kvpacked_func",
+    "ring_flash_attn_varlen_qkvpacked_func",
     "shard_positions",
     "shard_sequence",
+    "stripe_flash_attn_func",
+    "stripe_flash_attn_kvpacked_func",
+    "stripe_flash_attn_qkvpacked_func",
+    "substitute_hf_flash_attn",
     "unshard_sequence",
+    "update_ring_flash_attn_params",
     "zigzag_ring_flash_attn_func",
     "zigzag_ring_flash_attn_kvpacked_func",
     "zigzag_ring_flash_attn_qkvpacked_func",
+    "zigzag_ring_flash_attn_varlen_func",
+    "zigzag_ring_flash_attn_varlen_kvpacked_func",
+    "zigzag_ring_flash_attn_varlen_qkvpacked_func",
 ]

@@ -37,6 +37,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..backward import attention_backward
+from ..flash_attn import flash_attn_varlen_func
 from ..kvcache import flash_attn_with_kvcache
 from ..masks import AttentionMask
 from ..merge import merge_attention_states
@@ -53,12 +54,16 @@ class AttentionBackend:
         merge_attention_states: ``(out_a, lse_a, out_b, lse_b) -> (out, lse)`` in fp32.
         attention_backward: :func:`attn_ref.attention_backward`'s API, or None (forward only: a
             backward through this backend raises ``NotImplementedError``).
+        flash_attn_varlen_func: FA3's ``flash_attn_varlen_func`` (differentiable, with
+            ``return_attn_probs``), the local attention of the llama3 schedule (:mod:`.llama3`), or
+            None (no llama3 entry point on this backend).
     """
 
     name: str
     flash_attn_with_kvcache: Callable
     merge_attention_states: Callable
     attention_backward: Optional[Callable] = None
+    flash_attn_varlen_func: Optional[Callable] = None
 
     def attend(
         self,
@@ -153,9 +158,14 @@ class _Attend(torch.autograd.Function):
 
 
 #: The PyTorch reference: :func:`attn_ref.flash_attn_with_kvcache`,
-#: :func:`attn_ref.merge_attention_states` and :func:`attn_ref.attention_backward`.
+#: :func:`attn_ref.merge_attention_states`, :func:`attn_ref.attention_backward` and
+#: :func:`attn_ref.flash_attn_varlen_func`.
 REFERENCE_BACKEND = AttentionBackend(
-    "attn_ref", flash_attn_with_kvcache, merge_attention_states, attention_backward
+    "attn_ref",
+    flash_attn_with_kvcache,
+    merge_attention_states,
+    attention_backward,
+    flash_attn_varlen_func,
 )
 
 

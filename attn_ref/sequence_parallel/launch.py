@@ -124,14 +124,14 @@ def _run_rank(fn, args, rank, world_size, backend, init_method, timeout_s, repor
         torch.cuda.set_device(rank)
     else:  # CPU ranks share the machine's cores instead of each spawning one thread per core
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group(
-        backend,
-        init_method=init_method,
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
-    try:
+    try:  # a failed init (e.g. a peer died while connecting) is reported like any failure
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
         result = fn(*args)
         buffer = io.BytesIO()
         torch.save(result, buffer)  # bytes: valid after this process exits
@@ -139,7 +139,8 @@ def _run_rank(fn, args, rank, world_size, backend, init_method, timeout_s, repor
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
         reports.put((rank, False, (_pickled(exc), traceback.format_exc())))
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _as_rank_failure(exc: BaseException, rank: int, world_size: int) -> Exception:

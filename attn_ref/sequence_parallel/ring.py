@@ -51,10 +51,18 @@ SUFFIX_POSITION = float("inf")
 
 @dataclass(frozen=True)
 class Chunk:
-    """Rows ``rows`` (dim 1) of a local tensor, holding the tokens of chunk ``position``."""
+    """Rows ``rows`` (dim 1) of a local tensor, holding the tokens of chunk ``position``.
+
+    ``document``: the packed document the rows belong to (varlen); rows of different documents
+    never attend each other. ``interleaved``: the stripe layout, where row ``j`` of the chunk at
+    position ``p`` is global token ``j·R + p`` (every interleaved chunk of a ring has the same
+    number of rows).
+    """
 
     rows: slice
     position: float
+    document: int = 0
+    interleaved: bool = False
 
 
 @dataclass(frozen=True)
@@ -341,17 +349,36 @@ def _ring_backward(plan: _RingPlan, dout, dlse, q, k, v, k_fixed, v_fixed, out, 
 def _blocks(q_chunks: Sequence[Chunk], k_chunks: Sequence[Chunk], causal: bool) -> list[_Block]:
     """The local attention calls for queries ``q_chunks`` over keys ``k_chunks``.
 
-    A key chunk after the query chunk is skipped (causal), the same chunk is a causal square, an
-    earlier one (or any, without causal) is fully visible; adjacent fully visible pairs are merged
-    into one call.
+    Chunks of different documents are skipped. A key chunk after the query chunk is skipped
+    (causal), the same chunk is a causal square, an earlier one (or any, without causal) is fully
+    visible; adjacent fully visible pairs are merged into one call. Interleaved chunks (stripe) are
+    causal squares: on all rows for a key chunk at or before the query chunk's position, else
+    shifted by one token (query row ``i`` sees key rows ``j < i``).
     """
     blocks = [
-        _Block(qc.rows, kc.rows, causal and kc.position == qc.position)
-        for qc in q_chunks
-        for kc in k_chunks
-        if not (causal and kc.position > qc.position)
+        blk for qc in q_chunks for kc in k_chunks if (blk := _pair(qc, kc, causal)) is not None
     ]
     return sorted(_coalesce(blocks), key=lambda blk: (blk.q_rows.start, blk.k_rows.start))
+
+
+def _pair(qc: Chunk, kc: Chunk, causal: bool) -> Optional[_Block]:
+    """The local call of query chunk ``qc`` over key chunk ``kc`` (see :func:`_blocks`), or None
+    when no key of ``kc`` is visible."""
+    if qc.document != kc.document:
+        return None
+    if not causal:
+        return _Block(qc.rows, kc.rows, False)
+    if qc.interleaved:
+        if kc.position <= qc.position:
+            return _Block(qc.rows, kc.rows, True)
+        if qc.rows.stop - qc.rows.start < 2:  # row 0 sees no key of a later chunk
+            return None
+        return _Block(
+            slice(qc.rows.start + 1, qc.rows.stop), slice(kc.rows.start, kc.rows.stop - 1), True
+        )
+    if kc.position > qc.position:
+        return None
+    return _Block(qc.rows, kc.rows, kc.position == qc.position)
 
 
 def _coalesce(blocks: list[_Block]) -> list[_Block]:

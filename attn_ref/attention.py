@@ -102,9 +102,9 @@ def _split_states(call: KVCacheCall, i: int, n_splits: int):
 
 
 def _load_q(call: KVCacheCall, i: int):
-    """``(q, qv)`` of batch entry ``i``: q ``(sq, h, d)`` fp32, rotated at ``P0 + row`` (or at
-    ``P0`` for every row when the call is neither causal nor local), and qv ``(sq, h, dv)`` or
-    None."""
+    """``(q, qv)`` of batch entry ``i``: q ``(sq, h, d)`` fp32, rotated at ``rotary_starts[i] +
+    row`` (or at ``rotary_starts[i]`` for every row when the call is neither causal nor local), and
+    qv ``(sq, h, dv)`` or None."""
     batch = call.batch_host  # the per-batch values as Python ints
     sq, start = batch.seqlens_q[i], batch.q_starts[i]
     q = _rows(call.q, i, sq, start).float()

@@ -43,14 +43,14 @@ class BatchTable(NamedTuple):
     q's device (:func:`batch_table`; what the kernels read), or lists of Python ints
     (:meth:`tolist`; what the value checks and the reference read).
 
-    * ``seqlens_q[i]`` (``Sq_i``): query rows; ``q_starts[i]``: first row in varlen ``q`` (0
-      otherwise).
+    * ``seqlens_q[i]`` (``s_q`` of entry ``i``): query rows; ``q_starts[i]``: first row in varlen
+      ``q`` (0 otherwise).
     * ``cache_rows[i]``: cache row (no page table) or page-table row used by batch ``i``.
-    * ``leftpads[i]`` (``L_i``): first valid cache position.
-    * ``seqlens_k[i]`` (``Sk_i = C_i + N_i - L_i``): keys attended.
-    * ``new_lens[i]`` (``N_i``) and ``new_starts[i]``: new k/v tokens and their first row in ``k``.
-    * ``cache_seqlens[i]`` (``C_i``): absolute end of the old tokens; new tokens are written there.
-    * ``rotary_starts[i]`` (``P0_i``): rotary position of the first new key.
+    * ``leftpads[i]``: first valid cache position.
+    * ``seqlens_k[i]`` (``s_k = cache_seqlens[i] + new_lens[i] - leftpads[i]``): keys attended.
+    * ``new_lens[i]`` (``s_new``), ``new_starts[i]``: new k/v tokens and their first row in ``k``.
+    * ``cache_seqlens[i]``: absolute end of the old tokens; new tokens are written there.
+    * ``rotary_starts[i]``: rotary position of the first new key.
     """
 
     seqlens_q: Any
@@ -103,7 +103,7 @@ class KVCacheCall:
     head_dim: int
     head_dim_v: int
     varlen_q: bool
-    # static bound on every Sq_i: sq, or max_seqlen_q (at most total_q) for varlen q
+    # static bound on every entry's s_q: sq, or max_seqlen_q (at most total_q) for varlen q
     seqlen_q_bound: int
     batch: BatchTable
     page_size: int
@@ -135,12 +135,13 @@ class KVCacheCall:
 
     @property
     def total_q(self) -> int:
-        """Query rows: ``q.shape[0]`` packed, ``b · sq`` batched (= ``Σ Sq_i`` once validated)."""
+        """Query rows: ``q.shape[0]`` packed, ``b · sq`` batched (``Σ seqlens_q`` once
+        validated)."""
         return self.q.shape[0] if self.varlen_q else self.batch_size * self.q.shape[1]
 
     @property
     def appending(self) -> bool:
-        """New tokens are written into the cache (``Σ N_i > 0``: k's token count, once
+        """New tokens are written into the cache (``Σ new_lens > 0``: k's token count, once
         validated)."""
         return self.k is not None and self.k.shape[:-2].numel() > 0
 
@@ -163,11 +164,11 @@ def batch_table(
     statically checked arguments with torch ops only: no value is read on the host, and a typical
     decode call costs a handful of tiny device ops (the index tensors are int32 already).
 
-    ``Sq_i`` and the q starts from ``cu_seqlens_q`` (else ``sq``, 0); cache rows from
-    ``cache_batch_idx`` (else ``i``); ``N_i`` and the new starts from ``cu_seqlens_k_new`` (else
-    ``k.shape[1]``, 0; no ``k``: 0); ``C_i`` from ``cache_seqlens`` (an int: every entry; None: the
-    capacity); ``L_i`` from ``cache_leftpad`` (else 0); ``Sk_i = C_i + N_i - L_i``; ``P0_i`` from
-    ``rotary_seqlens`` (else ``C_i``)."""
+    ``seqlens_q`` and the q starts from ``cu_seqlens_q`` (else ``sq``, 0); cache rows from
+    ``cache_batch_idx`` (else ``i``); ``new_lens`` and the new starts from ``cu_seqlens_k_new``
+    (else ``k.shape[1]``, 0; no ``k``: 0); ``cache_seqlens`` (an int: every entry; None: the
+    capacity); ``leftpads`` from ``cache_leftpad`` (else 0); ``seqlens_k = cache_seqlens + new_lens
+    - leftpads``; ``rotary_starts`` from ``rotary_seqlens`` (else ``cache_seqlens``)."""
     wide = isinstance(cache_seqlens, int) and not -(2**31) <= cache_seqlens < 2**31
     dtype = torch.int64 if wide else torch.int32
     zeros = torch.zeros(batch, dtype=dtype, device=device)
@@ -238,7 +239,7 @@ def resolve_call(
     """The statically checked call as a :class:`KVCacheCall` (the last static phase of
     :func:`~attn_ref.validation.check_kvcache_args`), with the values derived from several
     arguments, computed here only: the per-batch table (:func:`batch_table`), the static bound on
-    ``Sq_i`` and whether the KV is empty. ``arguments``: the tensor arguments by name (v None
+    ``seqlens_q`` and whether the KV is empty. ``arguments``: the tensor arguments by name (v None
     without k)."""
     q, k, k_cache, rotary_cos = (
         arguments["q"],

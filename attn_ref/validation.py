@@ -217,7 +217,7 @@ class _Rotary(NamedTuple):
     sin: Optional[torch.Tensor]  # rotary_sin, None without rotary_cos
     seqlens: Optional[torch.Tensor]  # rotary_seqlens, None without rotary_cos
     dim: int  # 2 * rotary_cos.shape[1]; 0 = no rotary
-    q_fixed_position: bool  # every query row at position P0 (FA3's FixedPosition), else P0 + i
+    q_fixed_position: bool  # every query row at rotary_starts[b] (FA3's FixedPosition), else + i
 
 
 # ---- 2a. This package's static checks ------------------------------------------------------------
@@ -415,8 +415,9 @@ def _check_rotary(
     """Rotary embedding of the new keys (and of q): the cos/sin tables ``(seqlen_rotary, rotary_dim
     / 2)``, only with new keys, ``rotary_dim`` a multiple of 16 within the head dim, a paged cache's
     every position in the table (FA3's C++ check), ``rotary_seqlens`` ``(b,)`` int32. FA3 ignores
-    rotary_sin and rotary_seqlens without rotary_cos. The queries' positions follow the masks: ``P0
-    + i`` in causal / local mode, else every row at ``P0`` (FA3's FixedPosition)."""
+    rotary_sin and rotary_seqlens without rotary_cos. The queries' positions follow the masks:
+    ``rotary_starts[b] + i`` in causal / local mode, else every row at ``rotary_starts[b]`` (FA3's
+    FixedPosition)."""
     q_fixed = not mask.hides_keys
     if rotary_cos is None:
         return _Rotary(sin=None, seqlens=None, dim=0, q_fixed_position=q_fixed)

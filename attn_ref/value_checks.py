@@ -57,7 +57,8 @@ def _check_max_seqlen_q(call: KVCacheCall, max_seqlen_q) -> None:
 
 
 def _check_cache_extents(call: KVCacheCall) -> None:
-    """Each entry's cache: ``0 <= L_i <= C_i`` and ``C_i + N_i`` within the capacity."""
+    """Each entry's cache: ``0 <= leftpads[i] <= cache_seqlens[i]`` and ``cache_seqlens[i] +
+    new_lens[i]`` within the capacity."""
     batch, capacity = call.batch_host, call.capacity
     leftpads, seqlens_c, new_lens = batch.leftpads, batch.cache_seqlens, batch.new_lens
     for i in range(call.batch_size):
@@ -74,8 +75,8 @@ def _check_cache_extents(call: KVCacheCall) -> None:
 
 
 def _check_pages(call: KVCacheCall) -> None:
-    """The pages an entry touches (the first ``ceil((C_i + N_i) / P)`` of its page-table row)
-    exist."""
+    """The pages an entry touches (the first ``ceil((cache_seqlens[i] + new_lens[i]) /
+    page_size)`` of its page-table row) exist."""
     if call.page_table is None:
         return
     rows, batch = call.page_table.tolist(), call.batch_host
@@ -114,8 +115,9 @@ def _check_write_conflicts(call: KVCacheCall) -> None:
 
 
 def _check_rotary_rows(call: KVCacheCall) -> None:
-    """The rotary table rows read exist: ``P0 .. P0 + N - 1`` for the keys, ``P0`` (``.. P0 + s_q -
-    1`` unless the queries' position is fixed) for the queries."""
+    """The rotary table rows read exist: ``rotary_starts[i] .. rotary_starts[i] + s_new - 1`` for
+    the keys, ``rotary_starts[i]`` (``.. + s_q - 1`` unless the queries' position is fixed) for the
+    queries."""
     rotary_cos, batch = call.rotary_cos, call.batch_host
     rotary_starts = batch.rotary_starts
     if rotary_cos is None:

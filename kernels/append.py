@@ -1,26 +1,28 @@
 """KV append: write the new keys (rotated) and values into the cache, in place.
 
-For batch entry ``i`` with ``N_i`` new tokens starting at absolute cache position ``C_i``
-(``cache_seqlens[i]``), and ``t in [0, N_i)``::
+For batch entry ``i`` with ``s_new = new_lens[i]`` new tokens starting at absolute cache position
+``cache_seqlens[i]``, and ``t in [0, s_new)``::
 
-    K_cache(row_i, C_i + t) = rot(k_new_i[t], P0_i + t)      (rot = identity without rotary tables)
-    V_cache(row_i, C_i + t) = v_new_i[t]
+    K_cache(row, cache_seqlens[i] + t) = rot(k_new_i[t], rotary_starts[i] + t)
+    V_cache(row, cache_seqlens[i] + t) = v_new_i[t]
 
-``k_new_i[t]`` is ``k[i, t]`` or, packed with ``cu_seqlens_k_new``, ``k[new_start_i + t]``; ``P0_i``
-is ``rotary_seqlens[i]`` or ``C_i``. Positions go through :func:`kernels.paged.cache_slots`, so one
-kernel serves contiguous and paged caches. Without rotary the values are copied bit for bit (no
-conversion); with rotary the rotation runs in fp32 and is rounded once into the cache dtype.
+(``rot`` is the identity without rotary tables, ``row`` the entry's cache row.) ``k_new_i[t]``
+is ``k[i, t]`` or, packed with ``cu_seqlens_k_new``, ``k[new_starts[i] + t]``; ``rotary_starts[i]``
+is ``rotary_seqlens[i]`` or ``cache_seqlens[i]``. Positions go through
+:func:`kernels.paged.cache_slots`, so one kernel serves contiguous and paged caches. Without rotary
+the values are copied bit for bit (no conversion); with rotary the rotation runs in fp32 and is
+rounded once into the cache dtype.
 
 Grid: ``(cdiv(T, BLOCK_T), b, h_k)``, ``T`` being k's token axis (``s_new``, or ``total_new`` when
-packed: a static bound on every ``N_i``; programs past ``N_i`` exit); a program moves ``BLOCK_T``
-tokens of one KV head.
+packed: a static bound on every entry's ``s_new``; programs past it exit); a program moves
+``BLOCK_T`` tokens of one KV head.
 Mirrors :mod:`attn_ref.append` (``_append_kv_entry``: one batch entry; ``append_kv``: the loop over
 entries, here the grid) with :mod:`attn_ref.paged` and :mod:`attn_ref.rotary`.
 
 The same kernel backs the slots up (:func:`plan_slot_backup`, for :mod:`kernels.kvcache`'s
-all-or-nothing call): with its runtime flag ``save`` at 1 it copies the slots ``C_i + t`` out into
-buffers shaped as ``k`` / ``v``; run again on those buffers with ``save`` at 0 (no rotary), it
-writes them back.
+all-or-nothing call): with its runtime flag ``save`` at 1 it copies the slots
+``cache_seqlens[i] + t`` out into buffers shaped as ``k`` / ``v``; run again on those buffers with
+``save`` at 0 (no rotary), it writes them back.
 """
 
 from __future__ import annotations
@@ -95,8 +97,8 @@ def _plan_slot_copy(call: KVCacheCall, k, v, rotary: bool, save: int) -> Launch:
         INTERLEAVED=rotary and call.rotary_interleaved,
         ROUND_TO=explicit_rounding(kc.dtype) if rotary else "none",
     )
-    # Token blocks from k's token axis (a static bound on every N_i; programs past N_i exit at
-    # once).
+    # Token blocks from k's token axis (a static bound on every s_new; programs past s_new exit
+    # at once).
     new_tokens = k.shape[0] if packed else k.shape[1]
     grid = (triton.cdiv(new_tokens, block_t), call.batch_size, call.num_heads_k)
     return Launch(_append_kv_entry_kernel, grid, args, constexprs, num_warps=4, num_stages=1,
@@ -113,11 +115,11 @@ def _append_kv_entry_kernel(
     v_ptr,  # (b, s_new, h_k, dv) or (total_new, h_k, dv): new values
     k_cache_ptr,  # (b_cache, s_cache, h_k, d) or (num_pages, P, h_k, d)
     v_cache_ptr,  # (b_cache, s_cache, h_k, dv) or (num_pages, P, h_k, dv)
-    page_table_ptr,  # (b_k, max_pages) int32 (PAGED only)
+    page_table_ptr,  # (b, max_pages) int32 (PAGED only)
     rotary_tables,  # (cos_ptr, sin_ptr): (seqlen_rotary, rotary_dim / 2) each (ROTARY only)
-    batch_table,  # attn_ref.call.BatchTable, (b,) int32 per entry i: new_lens N_i, new_starts
-    #               (first row in packed k/v, 0 when batched), cache_rows, cache_seqlens C_i (where
-    #               the new tokens start), rotary_starts P0_i
+    batch_table,  # attn_ref.call.BatchTable, (b,) int32 per entry i: new_lens (s_new), new_starts
+    #               (first row in packed k/v, 0 when batched), cache_rows, cache_seqlens (where
+    #               the new tokens start), rotary_starts
     stride_kb, stride_kt, stride_kh,  # k strides (stride_kb = 0 when packed)
     stride_vb, stride_vt, stride_vh,
     stride_kc, stride_vc,  # (major, minor, head): strides 0, 1, 2 of k_cache, v_cache
@@ -140,7 +142,8 @@ def _append_kv_entry_kernel(
     if pid_t * BLOCK_T < n_new:
         new_row = (tl.load(batch_table.new_starts + batch) + offs_t).to(tl.int64)  # (BLOCK_T,) k/v
         cache_row = tl.load(batch_table.cache_rows + batch)
-        positions = tl.load(batch_table.cache_seqlens + batch) + offs_t  # (BLOCK_T,) C_i + t
+        # (BLOCK_T,) cache_seqlens[i] + t
+        positions = tl.load(batch_table.cache_seqlens + batch) + offs_t
         slots = cache_slots(positions, token_ok, cache_row, page_table_ptr, stride_table,
                             stride_kc[0], stride_kc[1], page_size, PAGED)  # (BLOCK_T,) int64
         v_slots = cache_slots(positions, token_ok, cache_row, page_table_ptr, stride_table,
@@ -155,7 +158,8 @@ def _append_kv_entry_kernel(
         # (BLOCK_T, BLOCK_D)
         k_dst = k_cache_ptr + slots[:, None] + head64 * stride_kc[2] + offs_d[None, :]
         if ROTARY:
-            ro_positions = tl.load(batch_table.rotary_starts + batch) + offs_t  # (BLOCK_T,) P0 + t
+            # (BLOCK_T,) rotary_starts[i] + t
+            ro_positions = tl.load(batch_table.rotary_starts + batch) + offs_t
             cos_ptr, sin_ptr = rotary_tables
             k_new = apply_rotary(k_rows, offs_d, k_mask, ro_positions, cos_ptr, sin_ptr,
                                  stride_rotary, rotary_dim, INTERLEAVED)  # (BLOCK_T, BLOCK_D) fp32

@@ -1,8 +1,8 @@
 """The attention forward kernel: decode (sq = 1) and chunked prefill (sq > 1), split-KV, pack-GQA.
 
-For batch entry ``b``, query row ``i`` and query head ``head`` (KV head ``kv_head = head // g``, ``g
-= h / h_k``),
-over the valid keys ``j in [0, Sk_b)`` at cache positions ``L_b + j`` (:mod:`attn_ref.attention`)::
+For one batch entry (``s_q`` query rows, ``s_k`` valid keys), query row ``i`` and query head
+``head`` (KV head ``kv_head = head // g``, ``g = h / h_k``), over the valid keys ``j in [0, s_k)``
+at cache positions ``cache_leftpad + j`` (:mod:`attn_ref.attention`)::
 
     s_ij  = q_i · K_j  (+ qv_i · V_j)        or  qv_i · V_j  alone when ONLY_QV
     ℓ_ij  = scale · s_ij,  or  softcap · tanh(scale · s_ij / softcap)       (before masking)
@@ -10,15 +10,15 @@ over the valid keys ``j in [0, Sk_b)`` at cache positions ``L_b + j`` (:mod:`att
     lse_i = log(Σ_j e^{ℓ_ij} (+ e^{σ_head}))    out_i = Σ_j e^{ℓ_ij - lse_i} V_j
 
 ``scale`` includes ``q_descale · k_descale`` for fp8, whose output is multiplied by ``v_descale``.
-With rotary tables q is rotated in fp32 at load (row ``i`` at ``P0 + i``, or every row at ``P0``
-when the call is neither causal nor local) and split into 16-bit parts ``q = hi + mid + lo``
-(:func:`kernels.numerics.split_parts`), so ``q·K`` keeps the fp32 reference's accuracy.
+With rotary tables q is rotated in fp32 at load (row ``i`` at ``rotary_start + i``, or every row at
+``rotary_start`` when the call is neither causal nor local) and split into 16-bit parts ``q = hi +
+mid + lo`` (:func:`kernels.numerics.split_parts`), so ``q·K`` keeps the fp32 reference's accuracy.
 
 **Tiling.** One program owns one KV head of one batch entry and ``ROWS = BLOCK_M // g`` query rows;
 its M tile packs the ``g`` query heads that share the KV head (pack-GQA), tile entry ``m`` being row
 ``m // g``, head ``kv_head·g + m % g``. K/V blocks of ``BLOCK_N`` keys are therefore read once for
 all ``g`` heads. Grid: ``(cdiv(sq, ROWS), b · h_k, num_splits)`` (varlen: ``max_seqlen_q`` for
-``sq``, a static bound; programs past ``Sq_b`` rows exit at once).
+``sq``, a static bound; programs past the entry's ``s_q`` rows exit at once).
 
 **Pieces**, in call order, each with a reference twin of the same name (side-by-side page
 ``attention``): the program :func:`_split_states_kernel` (:func:`attn_ref.attention._split_states`)
@@ -37,10 +37,11 @@ l)`` (``-inf`` when ``l = 0``): the natural-log LSE of the reference. A sink ``�
 only) adds ``2^{σ_head log2 e - m}`` to ``l`` before that.
 
 **Split-KV.** Program ``s`` of the third grid axis covers keys ``[k0, k1)`` of
-:func:`attn_ref.splits.split_bounds` (``ceil(Sk_b / n)`` keys each), so its partial state is exactly
-the reference's split ``s``. With ``n = 1`` it writes the final ``out`` (in the output dtype) and
-``lse``; with ``n > 1`` it writes fp32 partials that :mod:`kernels.merge` combines. The launcher
-decides which by the pointers and strides it passes; the kernel does not know.
+:func:`attn_ref.splits.split_bounds` (``ceil(s_k / num_splits)`` keys each), so its partial state
+is exactly the reference's split ``s``. With ``num_splits = 1`` it writes the final ``out`` (in the
+output dtype) and ``lse``; with ``num_splits > 1`` it writes fp32 partials that :mod:`kernels.merge`
+combines. The launcher decides which by the pointers and strides it passes; the kernel does not
+know.
 
 **Masks** (bottom-right causal = window ``(left, 0)``, sliding window, chunk) are runtime values,
 passed as one argument group (:mod:`kernels.masks`): a model's fixed mask compiles one variant.
@@ -111,7 +112,7 @@ def plan_attention(call, out: torch.Tensor, lse: torch.Tensor, num_splits: int,
     q, qv, kc, vc = call.q, call.qv, call.k_cache, call.v_cache
     g = call.num_heads // call.num_heads_k
     rows_per_tile = tiles.block_m // g
-    # a static bound: programs past Sq_b exit
+    # a static bound: programs past the entry's s_q rows exit
     m_blocks = triton.cdiv(call.seqlen_q_bound, rows_per_tile)
     packed = call.varlen_q
     call_descales = (call.q_descale, call.k_descale, call.v_descale)
@@ -185,7 +186,7 @@ class HeadLayout(NamedTuple):
 class AttentionFeatures(NamedTuple):
     """The kernel's compile-time switches (``FEATURES``): a paged cache, qv added to (``HAS_QV``) or
     alone in (``ONLY_QV``) the scores, the logit softcap, rotary q (GPT-J ``INTERLEAVED`` or NeoX
-    layout, ``ROTARY_FIXED``: every row at ``P0``), fp8 descale factors."""
+    layout, ``ROTARY_FIXED``: every row at ``rotary_start``), fp8 descale factors."""
 
     PAGED: bool
     HAS_QV: bool
@@ -322,7 +323,7 @@ def _load_q(
     qv_ptrs,  # (BLOCK_M, 1) the same for qv (read with HAS_QV or ONLY_QV only)
     rows, row_ok,  # (BLOCK_M,) int32 query row i, (BLOCK_M,) bool: entries to load
     offs_d, offs_dv, d_ok, dv_ok,  # (BLOCK_D,), (BLOCK_DV,) channel indices and their masks
-    rotary_start_ptr,  # () int32: P0, the rotary position of query row 0 (ROTARY only)
+    rotary_start_ptr,  # () int32: rotary_start, the rotary position of query row 0 (ROTARY only)
     cos_ptr, sin_ptr, stride_rotary, rotary_dim,  # rotary tables (ROTARY only)
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_QV: tl.constexpr, ONLY_QV: tl.constexpr,
@@ -330,8 +331,9 @@ def _load_q(
     COMPUTE_DTYPE: tl.constexpr, Q_PARTS: tl.constexpr,
 ):
     """``(q, q_mid, q_lo, qv)``: the q tile ``(BLOCK_M, BLOCK_D)`` as ``Q_PARTS`` parts in
-    COMPUTE_DTYPE (``q + q_mid + q_lo``: rotated in fp32 at ``P0 + i``, or ``P0`` when ROTARY_FIXED,
-    and split so that ``q·K`` keeps fp32 accuracy; zero parts unused) and the qv tile ``(BLOCK_M,
+    COMPUTE_DTYPE (``q + q_mid + q_lo``: rotated in fp32 at ``rotary_start + i``, or
+    ``rotary_start`` when ROTARY_FIXED, and split so that ``q·K`` keeps fp32 accuracy; zero parts
+    unused) and the qv tile ``(BLOCK_M,
     BLOCK_DV)`` (zeros without qv)."""
     q = tl.zeros((BLOCK_M, BLOCK_D), dtype=COMPUTE_DTYPE)  # (BLOCK_M, BLOCK_D)
     q_mid = q
@@ -340,9 +342,10 @@ def _load_q(
         q_mask = row_ok[:, None] & d_ok[None, :]  # (BLOCK_M, BLOCK_D)
         if ROTARY:
             if ROTARY_FIXED:
-                positions = tl.load(rotary_start_ptr) + 0 * rows  # (BLOCK_M,) every row at P0
+                # (BLOCK_M,) every row at rotary_start
+                positions = tl.load(rotary_start_ptr) + 0 * rows
             else:
-                positions = tl.load(rotary_start_ptr) + rows  # (BLOCK_M,) row i at P0 + i
+                positions = tl.load(rotary_start_ptr) + rows  # (BLOCK_M,) row i at rotary_start + i
             # (BLOCK_M, BLOCK_D) fp32
             q_rotated = apply_rotary(q_ptrs, offs_d, q_mask, positions, cos_ptr, sin_ptr,
                                      stride_rotary, rotary_dim, INTERLEAVED)

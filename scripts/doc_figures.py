@@ -133,17 +133,17 @@ def kv_cache() -> None:
 
 def paged() -> None:
     """Logical positions of two sequences -> page table -> pages anywhere in one pool."""
-    P, tables = 4, [[5, 1, 6], [2, 7]]
+    page_size, tables = 4, [[5, 1, 6], [2, 7]]
     lengths = [11, 6]
     fig, ax = canvas(10, 4.4, (-0.5, 26.5), (-1.8, 9.5))
     ax.text(0, -1.2, "logical view (what attention reads)", fontsize=9, weight="bold")
     ax.text(14.2, -1.2, "page_table", fontsize=9, weight="bold")
-    ax.text(19, -1.2, "k_cache: (num_pages = 8, P = 4, h_k, d)", fontsize=9, weight="bold")
+    ax.text(19, -1.2, "k_cache: (num_pages = 8, page_size = 4, h_k, d)", fontsize=9, weight="bold")
     for s, (table, n) in enumerate(zip(tables, lengths)):
         y = s * 2.2
         ax.text(0, y - 0.2, f"sequence {s}: {n} tokens", fontsize=8)
-        for p in range(len(table) * P):
-            x = p + (p // P) * 0.25
+        for p in range(len(table) * page_size):
+            x = p + (p // page_size) * 0.25
             cell(
                 ax,
                 x,
@@ -160,10 +160,10 @@ def paged() -> None:
         y = page * 1.15 - 0.5
         ax.text(23.2, y + 0.5, f"page {page}", va="center", fontsize=8)
         owner = [(s, i) for s, table in enumerate(tables) for i, t in enumerate(table) if t == page]
-        for slot in range(P):
+        for slot in range(page_size):
             if owner:
                 s, i = owner[0]
-                p = i * P + slot
+                p = i * page_size + slot
                 cell(
                     ax,
                     19 + slot,
@@ -187,7 +187,7 @@ def paged() -> None:
     ax.text(
         0,
         5.3,
-        "position p of row r lives at  k_cache[page_table[r, p // P], p % P]",
+        "position p of sequence i lives at  k_cache[page_table[i, p // page_size], p % page_size]",
         fontsize=9,
         family="monospace",
     )
@@ -204,18 +204,21 @@ def paged() -> None:
 def gqa() -> None:
     """Eight query heads sharing two KV heads (group size 4)."""
     fig, ax = canvas(7, 2.6, (-2.2, 12), (-0.2, 4.6))
-    for h in range(8):
-        x = h * 1.3 + (0.8 if h >= 4 else 0)
-        cell(ax, x, 0, RANK[h // 4], f"q{h}")
-        arrow(ax, (x + 0.5, 1.0), (1.95 + (h // 4) * 5.8, 3.0), color=RANK[h // 4], lw=0.9)
-    for g in range(2):
-        cell(ax, 1.2 + g * 5.8, 3.0, RANK[g], f"k{g}, v{g}", w=1.6)
-    ax.text(-2.1, 0.5, "query heads\nh = 8", va="center", fontsize=8)
-    ax.text(-2.1, 3.5, "KV heads\nh_k = 2", va="center", fontsize=8)
+    h, h_k = 8, 2
+    g = h // h_k
+    for head in range(h):
+        kv_head = head // g
+        x = head * 1.3 + (0.8 if kv_head else 0)
+        cell(ax, x, 0, RANK[kv_head], f"q{head}")
+        arrow(ax, (x + 0.5, 1.0), (1.95 + kv_head * 5.8, 3.0), color=RANK[kv_head], lw=0.9)
+    for kv_head in range(h_k):
+        cell(ax, 1.2 + kv_head * 5.8, 3.0, RANK[kv_head], f"k{kv_head}, v{kv_head}", w=1.6)
+    ax.text(-2.1, 0.5, f"query heads\nh = {h}", va="center", fontsize=8)
+    ax.text(-2.1, 3.5, f"KV heads\nh_k = {h_k}", va="center", fontsize=8)
     ax.text(
         4.6,
         4.4,
-        "query head head reads KV head head // g,  g = h / h_k",
+        f"query head q[head] reads KV head kv_head = head // g   (g = {g} = h / h_k)",
         ha="center",
         fontsize=9,
         family="monospace",

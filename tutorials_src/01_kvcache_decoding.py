@@ -145,10 +145,10 @@ assert torch.equal(
 # Reserving `capacity` slots for every sequence wastes memory when lengths vary. A **paged** cache
 # (vLLM's PagedAttention, sglang) cuts memory into pages of `page_size` tokens, shared by all
 # sequences: `k_cache` becomes `(num_pages, page_size, heads, d)`, and a `page_table` of shape
-# `(batch, max_pages_per_seq)` lists the pages of each sequence in order. Position $p$ of sequence
-# $r$ lives at
+# `(b, max_pages)` lists the pages of each sequence in order. Position $p$ of sequence
+# $i$ lives at
 #
-# $$\mathtt{k\_cache}[\,\mathtt{page\_table}[r,\ \lfloor p / \mathtt{page\_size} \rfloor],\ p \bmod
+# $$\mathtt{k\_cache}[\,\mathtt{page\_table}[i,\ \lfloor p / \mathtt{page\_size} \rfloor],\ p \bmod
 # \mathtt{page\_size}\,].$$
 #
 # Pages can sit anywhere; here they are handed out in random order.
@@ -319,7 +319,7 @@ def fp16_attention(args):
     q, group, outputs = args["q"], args["q"].shape[2] // dense_k.shape[2], []
     for i in range(q.shape[0]):
         keys = slice(args["cache_leftpad"][i], args["cache_seqlens"][i] + 1)  # + the appended token
-        k_i = dense_k[i, keys].repeat_interleave(group, dim=1)  # (n, h, d)
+        k_i = dense_k[i, keys].repeat_interleave(group, dim=1)  # (s_k, h, d)
         v_i = dense_v[i, keys].repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[i], k_i) * q.shape[-1] ** -0.5  # fp16
         outputs.append(torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v_i))
@@ -348,9 +348,7 @@ kernel_out, _, kernel_accum, kernel_lse_accum = kernels.flash_attn_with_kvcache(
 torch.testing.assert_close(kernel_accum, ref_accum)
 torch.testing.assert_close(kernel_lse_accum, ref_lse_accum)
 torch.testing.assert_close(kernel_out, ref_out)
-print(
-    "partial states per split:", tuple(kernel_accum.shape), "(splits, batch, heads, seqlen_q, dv)"
-)
+print("partial states per split:", tuple(kernel_accum.shape), "(num_splits, b, h, s_q, d_v)")
 
 # %% [markdown]
 # ## Summary

@@ -22,15 +22,15 @@ _ = torch.manual_seed(0)
 #
 # `attn_ref.AttentionMask(causal=..., window_size=..., attention_chunk=...)` is the mask that
 # `flash_attn_with_kvcache`'s three mask options ask for, as one object. Its method
-# `visible_keys(seqlen_q, seqlen_k)` returns a boolean matrix of shape `(seqlen_q, seqlen_k)`: entry
+# `visible_keys(s_q, s_k)` returns a boolean matrix of shape `(s_q, s_k)`: entry
 # $(i, j)$ is `True` when query row $i$ may attend key $j$. A small helper builds that matrix from
 # the options, another draws several of them side by side (dark = visible).
 
 
 # %%
-def visible(seqlen_q: int, seqlen_k: int, **options) -> torch.Tensor:
-    """The (seqlen_q, seqlen_k) visibility of the mask that FlashAttention's ``options`` ask for."""
-    return attn_ref.AttentionMask(**options).visible_keys(seqlen_q, seqlen_k)
+def visible(sq: int, sk: int, **options) -> torch.Tensor:
+    """The (s_q, s_k) visibility of the mask that FlashAttention's ``options`` ask for."""
+    return attn_ref.AttentionMask(**options).visible_keys(sq, sk)
 
 
 def show_masks(masks: dict, size: float = 2.6):
@@ -55,8 +55,8 @@ def show_masks(masks: dict, size: float = 2.6):
 # With as many queries as keys (a prompt attending to itself), the causal mask is the familiar lower
 # triangle: token $i$ sees tokens $0 \dots i$.
 #
-# During **decoding** the queries are only the *newest* tokens: the cache holds `seqlen_k` keys and
-# the `seqlen_q` queries are its last `seqlen_q` tokens. Query row $i$ therefore sits at key
+# During **decoding** the queries are only the *newest* tokens: the cache holds $s_k$ keys and
+# the $s_q$ queries are its last $s_q$ tokens. Query row $i$ therefore sits at key
 # position $i + \Delta$ with
 #
 # $$\Delta = \mathrm{seqlen\_k} - \mathrm{seqlen\_q},$$
@@ -86,7 +86,7 @@ torch.softmax(scores, dim=0)
 # log-sum-exp is $-\infty$. The reference does the same:
 
 # %%
-q = torch.randn(1, 5, 1, 8)  # (batch, seqlen_q, heads, head_dim)
+q = torch.randn(1, 5, 1, 8)  # (b, s_q, h, d)
 k_cache, v_cache = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)  # a cache of 2 keys
 out, lse, *_ = attn_ref.flash_attn_with_kvcache(
     q, k_cache, v_cache, causal=True, return_softmax_lse=True

@@ -25,9 +25,9 @@ _ = torch.manual_seed(0)
 # $$s_{ij} = q_i \cdot k_j + qv_i \cdot v_j, \qquad
 # \text{out}_i = \sum_j \operatorname{softmax}_j(\text{scale} \cdot s_{ij})\, v_j .$$
 #
-# Shapes: `q` is `(batch, seqlen_q, heads, d)`, `qv` is `(batch, seqlen_q, heads, dv)`, the caches
-# are `(batch, seqlen_k, heads_k, d)` and `(batch, seqlen_k, heads_k, dv)`. MLA uses a single KV
-# head shared by all query heads.
+# Shapes: `q` is `(b, s_q, h, d)`, `qv` is `(b, s_q, h, d_v)`, the caches are `(b, s_k, h_k, d)`
+# and `(b, s_k, h_k, d_v)` (in the code `sq`, `sk`, `dv`). MLA uses a single KV head shared by all
+# query heads.
 
 # %%
 b, sq, h, d, dv, sk = 1, 1, 4, 8, 16, 12

@@ -49,8 +49,8 @@ _ = torch.manual_seed(0)
 # %%
 sq, h, h_k, d, sk = 1, 4, 2, 32, 1000
 scale = d**-0.5
-q = torch.randn(sq, h, d)  # (seqlen_q, heads, dim)
-k, v = torch.randn(sk, h_k, d), torch.randn(sk, h_k, d)  # (seqlen_k, kv_heads, dim)
+q = torch.randn(sq, h, d)  # (s_q, h, d)
+k, v = torch.randn(sk, h_k, d), torch.randn(sk, h_k, d)  # (s_k, h_k, d)
 for key in (120, 130, 610, 880):
     k[key] += 1.5 * q[0, ::2]  # query heads 0 and 2 read KV heads 0 and 1
 
@@ -59,20 +59,20 @@ out, lse = attn_ref.attention_with_lse(q, k, v, scale)  # out (sq, h, d), lse (s
 # %% [markdown]
 # ## Split the key range
 #
-# `split_bounds(seqlen_k, num_splits)` cuts $[0, \mathrm{seqlen\_k})$ into consecutive ranges of
-# $\lceil \mathrm{seqlen\_k} / n \rceil$ keys. The reference and the Triton kernels use this same
-# function, so their partial results can be compared one by one.
+# `split_bounds(s_k, num_splits)` cuts $[0, s_k)$ into consecutive ranges of
+# $\lceil s_k / \mathrm{num\_splits} \rceil$ keys. The reference and the Triton kernels use this
+# same function, so their partial results can be compared one by one.
 
 # %%
 bounds = attn_ref.split_bounds(sk, 4)
 bounds
 
 # %% [markdown]
-# Each split is ordinary attention over its slice of the keys. `key_offset` and `seqlen_k` tell
-# `attention_with_lse` where the slice sits in the whole sequence, so causal, window and chunk masks
-# stay correct (they are not used yet). Each returns its state in the layout
+# Each split is ordinary attention over its slice of the keys. `key_offset=` and `seqlen_k=` (the
+# whole $s_k$) tell `attention_with_lse` where the slice sits in the whole sequence, so causal,
+# window and chunk masks stay correct (they are not used yet). Each returns its state in the layout
 # `merge_attention_states` takes: the LSE shaped like the output without its last dimension,
-# `(sq, h)`.
+# `(s_q, h)`.
 
 # %%
 partials = [  # (o_s (sq, h, d), lse_s (sq, h)) per split
@@ -108,7 +108,7 @@ torch.testing.assert_close(tree[0], out)
 # most of the weight, and the weights sum to 1.
 
 # %%
-head, kv_head = 0, 0  # query head h reads KV head h // (h / h_k)
+head, kv_head = 0, 0  # query head `head` reads KV head head // g, g = h / h_k
 weights = [torch.exp(lse_s[0, head] - lse[0, head]).item() for _, lse_s in partials]
 probabilities = torch.softmax(scale * (k[:, kv_head] @ q[0, head]), dim=0)
 
@@ -124,12 +124,14 @@ print("sum of the merge weights:", sum(weights))
 # %% [markdown]
 # ## The same thing inside `flash_attn_with_kvcache`
 #
-# `num_splits=n` asks the KV-cache call for exactly this. With `return_softmax_lse=True` it returns
+# `num_splits` asks the KV-cache call for exactly this. With `return_softmax_lse=True` it returns
 # `(out, lse, out_accum, lse_accum)`, where the last two are the per-split partial states, shaped
-# `(num_splits, batch, heads, seqlen_q, dv)` and `(num_splits, batch, heads, seqlen_q)`, like FA3's.
+# `(num_splits, b, h, s_q, d_v)` and `(num_splits, b, h, s_q)`, like FA3's: the check below
+# transposes them to the state layout `(s_q, h)` of the splits above (see the
+# [LSE layouts](../../notation/#lse-layouts)).
 
 # %%
-k_cache, v_cache = k[None], v[None]  # (batch=1, seqlen_k, kv_heads, dim)
+k_cache, v_cache = k[None], v[None]  # (b=1, s_k, h_k, d)
 result, result_lse, out_accum, lse_accum = attn_ref.flash_attn_with_kvcache(
     q[None], k_cache, v_cache, num_splits=4, return_softmax_lse=True
 )

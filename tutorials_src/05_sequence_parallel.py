@@ -34,7 +34,7 @@ _ = torch.manual_seed(0)
 #
 # One sequence of $S = 64$ tokens, $h = 8$ query heads sharing $h_k = 4$ key/value heads (GQA),
 # head dim $d = 16$, plus 8 **text tokens** that every rank holds whole (the prompt of a
-# text-to-video model, say). Layout `[batch, seq, heads, head_dim]`. The answer every scheme must
+# text-to-video model, say). Layout `[b, S, h, d]`. The answer every scheme must
 # reproduce is ordinary attention of the whole sequence, computed in this process.
 
 # %%
@@ -211,10 +211,11 @@ print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process att
 # %% [markdown]
 # ### How Ulysses can be exact
 #
-# Attention never mixes heads: the output of head $h$ depends only on head $h$ of the queries (and
-# its KV head) over all tokens. After the all-to-all, rank $r$ holds **all** $S$ tokens of heads
-# $[rh/P, (r+1)h/P)$, runs plain attention on them, and a second all-to-all sends each token's
-# output back to the rank that owns the token. Nothing is approximated; data only moves.
+# Attention never mixes heads: the output of a query head depends only on that head of the
+# queries (and its KV head) over all tokens. After the all-to-all, rank $r$ holds **all** $S$
+# tokens of heads $[rh/P, (r+1)h/P)$, runs plain attention on them, and a second all-to-all sends
+# each token's output back to the rank that owns the token. Nothing is approximated; data only
+# moves.
 #
 # ### How the ring can be exact
 #
@@ -227,6 +228,75 @@ print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process att
 #
 # After $P$ steps every query has met every key exactly once.
 #
+# ## Ulysses by hand
+#
+# The Ulysses exchange is one `torch.distributed.all_to_all_single` per tensor. That call takes a
+# flat send buffer on every rank, cuts it along dim 0 into $P$ blocks, sends block $j$ to rank $j$,
+# and fills each rank's receive buffer with the blocks it got, in rank order. Everything else is
+# the layout of the two buffers, which `_exchange_4d` in `attn_ref/sequence_parallel/comm.py`
+# builds (on the [side-by-side page](../../side-by-side/sequence-parallel/#ulysses)). Here the $P$
+# ranks are a list again, and `all_to_all_single` is three lines on plain tensors:
+#
+# * **sequence to heads**, before attention: rank $r$ holds `[b, S / P, h, d]`; its send buffer
+#   is `[P, S / P, b, h / P, d]` (block $j$: head block $j$ of its tokens), and what it receives,
+#   `[S, b, h / P, d]`, is every rank's tokens of head block $r$;
+# * each rank attends all $S$ tokens with its $h / P$ query heads and $h_k / P$ KV heads (query
+#   head `head` still reads KV head `head // g`, since $g = h / h_k$ is unchanged);
+# * **heads to sequence**, after attention: the inverse exchange; block $i$ of the receive buffer
+#   came from rank $i$ and is head block $i$ of this rank's tokens.
+
+# %%
+P = 4
+shard = S // P  # tokens per rank, S / P
+
+
+def all_to_all_single(send_buffers):
+    """torch.distributed.all_to_all_single on P simulated ranks, equal splits: block j of rank
+    i's buffer (dim 0 cut into P blocks) lands as block i of rank j's receive buffer."""
+    blocks = [buffer.chunk(P) for buffer in send_buffers]
+    return [torch.cat([blocks[i][j] for i in range(P)]) for j in range(P)]
+
+
+def sequence_to_heads(shards):
+    """[b, S / P, heads, d] on every rank -> [b, S, heads / P, d]: scatter heads, gather tokens."""
+    sends = []
+    for x in shards:
+        b, s, heads, dim = x.shape
+        # [b, S / P, P, heads / P, d] -> [P, S / P, b, heads / P, d]: block j for rank j
+        send = x.reshape(b, s, P, heads // P, dim).permute(2, 1, 0, 3, 4).contiguous()
+        sends.append(send.reshape(P * s, b, heads // P, dim))
+    return [received.permute(1, 0, 2, 3) for received in all_to_all_single(sends)]  # [b, S, ., d]
+
+
+def heads_to_sequence(per_head_block):
+    """[b, S, h / P, d] on every rank -> [b, S / P, h, d]: the inverse exchange."""
+    sends = [x.permute(1, 0, 2, 3).contiguous() for x in per_head_block]  # [S, b, h / P, d]
+    shards = []
+    for received in all_to_all_single(sends):  # [P * S / P, b, h / P, d]: block i from rank i
+        tokens, b, heads, dim = received.shape
+        blocks = received.reshape(P, tokens // P, b, heads, dim)
+        # [b, S / P, P, h / P, d] -> [b, S / P, h, d]: head block i came from rank i
+        shards.append(blocks.permute(2, 1, 0, 3, 4).reshape(b, tokens // P, P * heads, dim))
+    return shards
+
+
+q_shards, k_shards, v_shards = (
+    [x[:, r * shard : (r + 1) * shard] for r in range(P)] for x in (q, k, v)
+)
+q_heads, k_heads, v_heads = (sequence_to_heads(x) for x in (q_shards, k_shards, v_shards))
+print("rank 0: q", tuple(q_shards[0].shape), "-> after the all-to-all", tuple(q_heads[0].shape))
+print("        k", tuple(k_shards[0].shape), "-> after the all-to-all", tuple(k_heads[0].shape))
+out_heads = [
+    attn_ref.attention_with_lse(q_r[0], k_r[0], v_r[0], scale)[0][None]  # [1, S, h / P, d]
+    for q_r, k_r, v_r in zip(q_heads, k_heads, v_heads)
+]
+out_shards = heads_to_sequence(out_heads)
+torch.testing.assert_close(torch.cat(out_shards, dim=1)[0], full)  # dense attention, all S tokens
+for r in range(P):  # and the package's UlyssesAttention, run on 4 processes above
+    torch.testing.assert_close(out_shards[r], results[P][r]["Ulysses"][0])
+print("4 simulated ranks, two all-to-alls == dense attention == sp.UlyssesAttention")
+
+# %% [markdown]
 # ## The ring by hand
 #
 # The ring's loop fits in a few lines, so we can run it on this one process with the ranks simulated
@@ -239,12 +309,10 @@ print("Ulysses, ring, zigzag ring and USP on 2 and 4 ranks == single-process att
 # `_ring_forward` in `attn_ref/sequence_parallel/ring.py`, without the processes.
 
 # %%
-P = 4
-rows = S // P
-# rank r's block: (S/P, heads, d)
-q_blocks, k_blocks, v_blocks = (x[0].split(rows) for x in (q, k, v))
+# rank r's block: (S/P, h, d)
+q_blocks, k_blocks, v_blocks = (x[0].split(shard) for x in (q, k, v))
 held = list(zip(k_blocks, v_blocks))  # step 0: every rank holds its own K/V block
-states = [(torch.zeros(rows, h, d), torch.full((rows, h), float("-inf"))) for _ in range(P)]
+states = [(torch.zeros(shard, h, d), torch.full((shard, h), float("-inf"))) for _ in range(P)]
 schedule = []
 for t in range(P):
     schedule.append([(r - t) % P for r in range(P)])  # whose block each rank holds at step t
@@ -431,7 +499,7 @@ plt.show()
 # | zigzag ring | the same | $S$ divisible by $2P$ | causal attention, balanced work |
 # | K/V gather | one all-gather of K/V | memory for the full K/V | strong GQA/MQA, small $P$,
 # non-causal |
-# | USP | Ulysses ($U$) + ring ($R$) | $h$ divisible by $U$ | more ranks than heads |
+# | USP | Ulysses ($U$) + ring ($R$) | $h$ and $h_k$ divisible by $U$ | more ranks than heads |
 #
 # Replicated tokens (text prompts) stay out of the collectives and are attended once. The same
 # classes run on the Triton kernels from `kernels.sequence_parallel`.

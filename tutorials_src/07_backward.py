@@ -60,7 +60,7 @@ scale = d**-0.5
 
 
 def dense_attention(q, k, v, causal=False):
-    """out [B, S, h, d], lse [B, h, S]: the package's dense formula, attn_ref.dense.attention (scale
+    """out [b, S, h, d], lse [b, h, S]: the package's dense formula, attn_ref.dense.attention (scale
     d^-0.5), in FlashAttention's layout, which the backward takes; differentiable."""
     return dense.attention(q, k, v, causal=causal)
 
@@ -123,12 +123,12 @@ for causal in (False, True):
 # %% [markdown]
 # ## Why the global LSE makes a blockwise backward exact
 #
-# Cut the keys into blocks $B_1, \dots, B_n$. Every formula above is a sum over keys of terms that
+# Cut the keys into blocks $B_1, \dots, B_R$. Every formula above is a sum over keys of terms that
 # involve one key and the row quantities $\mathrm{lse}_i$, $O_i$ and $D_i$:
 #
-# $$dQ_i = \sum_{b=1}^{n}\ \mathrm{scale}\sum_{j\in B_b} dS_{ij}\, k_j ,$$
+# $$dQ_i = \sum_{t=1}^{R}\ \mathrm{scale}\sum_{j\in B_t} dS_{ij}\, k_j ,$$
 #
-# and $dK_j$, $dV_j$ of a key $j$ in block $B_b$ sum over rows $i$ terms that involve no other
+# and $dK_j$, $dV_j$ of a key $j$ in block $B_t$ sum over rows $i$ terms that involve no other
 # block. So the backward of one key block can run alone, *provided* $P_{ij} = e^{\ell_{ij} -
 # \mathrm{lse}_i}$ uses the row's **final** LSE (over all keys) and $D_i$ the final output. That is
 # what the forward saves after its last merge. `attention_backward` called on one block with the
@@ -335,7 +335,7 @@ from attn_ref import sequence_parallel as sp  # noqa: F811 (this cell is the wor
 
 
 def my_rows(x, zigzag=False):
-    """This rank's shard (dim 1) of a full [B, S, ...] tensor, contiguous or zigzag layout."""
+    """This rank's shard (dim 1) of a full [b, S, ...] tensor, contiguous or zigzag layout."""
     return sp.shard_sequence(x, dist.get_rank(), 1, dist.get_world_size(), zigzag).contiguous()
 
 
@@ -464,6 +464,10 @@ for entry_point in ("ring_flash_attn_func", "zigzag_ring_flash_attn_func", "Ulys
 # * **fp32 shares** and **rounded shares**: the one-process ring above with `block_dtype` fp32, and
 #   with the input dtype (ring-flash-attention's rounding; each share is still computed with this
 #   package's fp32 arithmetic, so only the rounding before the sum differs), for $R$ = 1, 2, 4, 8.
+#
+# The shares take the forward's LSE as `attention_backward` does, `(b, h, S)`, so the LSE that
+# `ring_attention` returns, `(b, S, h)`, is transposed first (see the
+# [LSE layouts](../../notation/#lse-layouts)).
 
 
 # %%
@@ -484,7 +488,7 @@ for name, problem in low_precision.items():
         for R in (2, 4)
     }
     out_lp, lse_lp = sp.ring_attention(*problem[:3], causal=True)  # the forward's saved state
-    lse_lp = lse_lp.transpose(1, 2)  # ring_attention's [B, S, h] -> the backward's [B, h, S]
+    lse_lp = lse_lp.transpose(1, 2)  # ring_attention's [b, S, h] -> the backward's [b, h, S]
     for label, block_dtype in (
         ("fp32 shares", torch.float32),
         ("rounded shares", problem[0].dtype),

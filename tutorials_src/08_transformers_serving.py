@@ -91,7 +91,7 @@ scale = model.model.layers[0].self_attn.scaling
 # %% [markdown]
 # ## The paged cache
 #
-# Per layer, `k_pages` and `v_pages` are `(num_pages, page_size, heads_k, dim)`. A request owns a
+# Per layer, `k_pages` and `v_pages` are `(num_pages, page_size, h_k, d)`. A request owns a
 # row of the page table: logical token `p` of the request lives in page `page_table[row, p //
 # page_size]` at slot `p % page_size`. Pages come from a free list in random order, so consecutive
 # pages of a request are far apart in memory, and the attention must follow the table.

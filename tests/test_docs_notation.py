@@ -218,16 +218,6 @@ def unquoted(text: str, quotes: list[str]) -> str:
     return text
 
 
-#: Retired spellings left in code that another change of issue 35 owns (tutorial 06's setup cell,
-#: tutorial 08's model code): ``(page, text)``, each allowed on that page only while it is there.
-#: A test fails once an entry no longer occurs, so the entry goes when the code is renamed.
-PENDING = [
-    ("tutorials/06_error_catalog/index.html", "zeros(6, P, "),
-    ("tutorials/06_error_catalog/index.html", "* P} tokens"),
-    ("tutorials/08_transformers_serving/index.html", "h = layer.self_attn"),
-]
-
-
 def removed_entry_pages() -> set[str]:
     """The pages of catalog entries whose raise is gone: their source excerpt is history."""
     catalog = json.loads((ROOT / "errors" / "catalog.json").read_text(encoding="utf-8"))
@@ -241,9 +231,6 @@ def findings(parts: list[Part], quotes: list[str]) -> list[str]:
     compiled = [(re.compile(r.pattern), r) for r in RETIRED]
     for part in parts:
         text = unquoted(part.text, quotes)
-        for page, pending in PENDING:
-            if part.page == page:
-                text = text.replace(pending, " ")
         for line in text.splitlines():
             for pattern, retired in compiled:
                 if part.kind in retired.where:
@@ -279,10 +266,6 @@ def test_rendered_pages_use_the_notation_page_symbols(site):
     kinds = {part.kind for part in parts}
     assert kinds == {PROSE, STEP, CODE, OUTPUT, FIGURE, SOURCE}, kinds
     assert len({part.page for part in parts}) > 150
-    for page, pending in PENDING:
-        assert any(p.page == page and pending in p.text for p in parts), (
-            f"{page} no longer shows {pending!r}: remove it from PENDING"
-        )
     found = findings(parts, quoted_messages())
     assert not found, f"{len(found)} retired symbols (docs/notation.md):\n" + "\n".join(found)
 

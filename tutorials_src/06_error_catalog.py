@@ -39,8 +39,9 @@ _ = torch.manual_seed(0)
 # decode one token per step (see tutorial 1) and forget to check the length.
 
 # %%
-P, h, d = 4, 2, 16
-k_pages, v_pages = torch.zeros(6, P, h, d), torch.zeros(6, P, h, d)  # 6 physical pages
+page_size, h, d = 4, 2, 16
+k_pages = torch.zeros(6, page_size, h, d)  # 6 physical pages of page_size tokens
+v_pages = torch.zeros_like(k_pages)
 page_table = torch.tensor([[3, 0]], dtype=torch.int32)  # this sequence owns pages 3 and 0
 
 
@@ -215,7 +216,7 @@ print(
     page_table.tolist(),
     "->",
     bigger_table.tolist(),
-    f"(room for {bigger_table.shape[1] * P} tokens)",
+    f"(room for {bigger_table.shape[1] * page_size} tokens)",
 )
 assert decode(12, bigger_table) == 12
 

@@ -38,6 +38,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ..error_notes import catalogued
 from ..kvcache import flash_attn_with_kvcache as reference_flash_attn_with_kvcache
 from ..packages import own_package
 
@@ -78,6 +79,7 @@ def _flash_attn_with_kvcache(name: str) -> Callable:
     return own_package("kernels").flash_attn_with_kvcache
 
 
+@catalogued
 def attention_forward(
     flash_attn_with_kvcache: Callable,
     module: torch.nn.Module,
@@ -159,6 +161,7 @@ def key_range(
     return leftpad.to(torch.int32), seqlens.to(torch.int32)
 
 
+@catalogued
 def padding_mask(
     batch_size: int,
     q_length: int,

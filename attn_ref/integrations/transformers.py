@@ -182,6 +182,7 @@ def padding_mask(
     transformers asks for, without padding) must be causal, or causal within the config's sliding
     window: FA3's ``causal=True`` and ``window_size`` give exactly those.
     """
+    _require_flash_style(config)
     device = attention_mask.device if attention_mask is not None else kwargs.get("device", "cpu")
     q_positions = torch.arange(q_length, device=device) + q_offset
     kv_positions = torch.arange(kv_length, device=device) + kv_offset
@@ -201,6 +202,29 @@ def padding_mask(
         ]
         holds_token = holds_token & inside & padded
     return holds_token
+
+
+def _require_flash_style(config: Optional[object]) -> None:
+    """The model of ``config`` takes flash-attention-style attention: transformers' class says so
+    (``_supports_flash_attn``, or a compatible flash kernel named). A model that does not uses the
+    attention mask itself as a 4-D tensor (a sparse-attention indexer, a mask with extra bias
+    columns), which the ``(b, skv)`` mask of :func:`padding_mask` cannot serve."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        model_class = MODEL_MAPPING[type(config)]
+    except KeyError:  # no config, or a model transformers does not list: nothing to go by
+        return
+    model_class = model_class[0] if isinstance(model_class, tuple) else model_class
+    if model_class._supports_flash_attn or getattr(
+        model_class, "_compatible_flash_implementations", None
+    ):
+        return
+    raise UnsupportedAttention(
+        f"attn_ref attention works like flash attention (it gets a 2-D padding mask), and "
+        f"{model_class.__name__} does not support flash attention (_supports_flash_attn = False): "
+        "use attn_implementation='eager' or 'sdpa' for it"
+    )
 
 
 def _require_causal(

@@ -182,10 +182,12 @@ _REGEX_END = re.compile(r"(?:\\[.?]|[!;:,])*\\Z\Z")
 @lru_cache(maxsize=4096)
 def compiled(regex: str, loose: bool = False) -> re.Pattern:
     """A catalog or upstream regex, compiled once (there are more than ``re``'s cache holds);
-    ``loose``: in any case, and with any trailing punctuation (or none) at the end."""
+    ``loose``: in any case, with any trailing punctuation (or none) at the end, and a backtick
+    as any quote (:func:`loose_forms` writes the pasted backticks as quotes)."""
     if not loose:
         return re.compile(regex)
-    return re.compile(_REGEX_END.sub(lambda _: r"[.!?;:,]*\Z", regex), re.IGNORECASE)
+    regex = _REGEX_END.sub(lambda _: r"[.!?;:,]*\Z", regex).replace("`", "['\"`]")
+    return re.compile(regex, re.IGNORECASE)
 
 
 def not_text_reason(text: str) -> Optional[str]:

@@ -89,10 +89,16 @@ def check_hub_kernels() -> None:
     or uses an incompatible version" (and reads this distribution's version). This check raises the
     same text (a :class:`KernelsNameTaken`, an ``ImportError``) before a model is loaded; its
     catalog entry explains the clash (``python -m errors explain`` with the message pasted finds
-    it).
+    it), and the error carries that entry's note.
     """
     if not owns_name("kernels"):
         return
+    from .error_notes import catalogued  # here, not above: error_notes imports this module
+
+    catalogued(_raise_kernels_name_taken)()
+
+
+def _raise_kernels_name_taken() -> None:
     from transformers.utils.import_utils import KERNELS_MAX_VERSION, KERNELS_MIN_VERSION
 
     raise KernelsNameTaken(

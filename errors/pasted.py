@@ -10,9 +10,11 @@ A paste is one of, in the order tried:
 * a URL of an entry page (``.../errors/<area>/<name>/``, the ``docs_url`` the notes print): its
   slug;
 * a traceback or a single exception line (``ValueError: <message>``, ``builtins.ValueError: ...``,
+  ``attn_ref.integrations.transformers.UnsupportedAttention: ...``, ``KernelsNameTaken: ...``,
   pytest's ``E   ValueError: ...``, the type in any case): the **last** exception line's type and
   message. A message may continue over the next lines, so every prefix of those lines (up to the
-  notes) is a candidate, longest first. An ``AssertionError`` without a message (what a bare
+  notes) is a candidate, longest first (a ``KeyError``'s message is the repr of its text: the text
+  counts). An ``AssertionError`` without a message (what a bare
   ``assert`` raises) comes with the code lines of the frame above it (caret lines left out) and
   that frame's file, which :func:`errors.upstream.match_code` reads; so does a traceback pasted
   into one line that ends in a bare ``AssertionError``;
@@ -54,7 +56,14 @@ MAX_MESSAGE_CHARS = 20_000
 
 _NOTE = re.compile(re.escape(NOTE_PREFIX) + r"([0-9a-f]{16})\b")
 _URL_ID = re.compile(r"\Ahttps?://\S*?([0-9a-f]{16})(?:/|\.json|\.html)?(?:[?#]\S*)?\Z")
-_TYPE = r"(?:[A-Za-z_]\w*\.)*(?P<type>[A-Za-z_]\w*(?i:Error|Exception|Warning|Exit|Interrupt))"
+#: An exception class as a traceback prints it: a name ending in Error, Exception, Warning, Exit or
+#: Interrupt (``ValueError``, ``builtins.ValueError``), any class named with its module
+#: (``attn_ref.integrations.transformers.UnsupportedAttention``), or a CamelCase name of two words
+#: or more (``KernelsNameTaken``; ``Note`` or ``HINT`` are not).
+_TYPE = (
+    r"(?:[A-Za-z_]\w*\.)*(?P<type>[A-Za-z_]\w*(?i:Error|Exception|Warning|Exit|Interrupt)"
+    r"|(?<=\.)[A-Z]\w*|[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+)"
+)
 _EXCEPTION_LINE = re.compile(
     r"\A(?P<indent>\s*(?:E\s+)?)" + _TYPE + r"(?::(?: (?P<message>.*)|\s*))?\Z"
 )
@@ -125,6 +134,8 @@ def read(text: str) -> Pasted:
         exception_type=line.group("type"),
         messages=_short(_messages(line, lines[last + 1 :])),
     )
+    if said.exception_type.lower() == "keyerror":  # str(KeyError(text)) is repr(text)
+        said.messages = [_literal_str(m) or m for m in said.messages]
     if (
         said.exception_type.lower() == "assertionerror"
         and not (line.group("message") or "").strip()
@@ -171,10 +182,12 @@ _REGEX_END = re.compile(r"(?:\\[.?]|[!;:,])*\\Z\Z")
 @lru_cache(maxsize=4096)
 def compiled(regex: str, loose: bool = False) -> re.Pattern:
     """A catalog or upstream regex, compiled once (there are more than ``re``'s cache holds);
-    ``loose``: in any case, and with any trailing punctuation (or none) at the end."""
+    ``loose``: in any case, with any trailing punctuation (or none) at the end, and a backtick
+    as any quote (:func:`loose_forms` writes the pasted backticks as quotes)."""
     if not loose:
         return re.compile(regex)
-    return re.compile(_REGEX_END.sub(lambda _: r"[.!?;:,]*\Z", regex), re.IGNORECASE)
+    regex = _REGEX_END.sub(lambda _: r"[.!?;:,]*\Z", regex).replace("`", "['\"`]")
+    return re.compile(regex, re.IGNORECASE)
 
 
 def not_text_reason(text: str) -> Optional[str]:

@@ -43,6 +43,7 @@ SOURCE_ORDER = (
     "sglang-sp",
     "ring-flash-attention",
     "yunchang",
+    "transformers",
 )
 _HEADER_KEYS = ("source", "title", "repository", "files")
 

@@ -44,6 +44,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ..error_notes import catalogued
 from ..flash_attn import flash_attn_varlen_func as reference_flash_attn_varlen_func
 from ..packages import own_package
 from .packed_layout import PackedLayout, packed_layout
@@ -101,6 +102,7 @@ def _flash_attn_varlen_func(name: str) -> Callable:
     return own_package("kernels").flash_attn_varlen_func
 
 
+@catalogued
 def attention_forward(
     flash_attn_varlen_func: Callable,
     module: torch.nn.Module,
@@ -210,6 +212,7 @@ def _check_packed_kwargs(layout: PackedLayout, kwargs: dict) -> None:
             )
 
 
+@catalogued
 def visibility_mask(
     batch_size: int,
     q_length: int,
@@ -230,6 +233,7 @@ def visibility_mask(
     """
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
+    _require_flash_style(kwargs.get("config"))
     device = attention_mask.device if attention_mask is not None else kwargs.get("device", "cpu")
     try:
         visible = sdpa_mask(
@@ -253,3 +257,27 @@ def visibility_mask(
             "custom mask function)"
         ) from exc
     return visible
+
+
+def _require_flash_style(config: Optional[object]) -> None:
+    """The model of ``config`` takes flash-attention-style attention: transformers' class says so
+    (``_supports_flash_attn``, or a compatible flash kernel named). A model that does not uses the
+    attention mask itself as a 4-D tensor (a sparse-attention indexer, a mask with extra bias
+    columns), which the boolean mask of :func:`visibility_mask` cannot serve."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        model_class = MODEL_MAPPING[type(config)]
+    except KeyError:  # no config, or a model transformers does not list: nothing to go by
+        return
+    model_class = model_class[0] if isinstance(model_class, tuple) else model_class
+    if model_class._supports_flash_attn or getattr(
+        model_class, "_compatible_flash_implementations", None
+    ):
+        return
+    raise UnsupportedAttention(
+        "attn_ref attention works like flash attention (its mask function gives a boolean "
+        f"(batch, queries, keys) mask), and "
+        f"{model_class.__name__} does not support flash attention (_supports_flash_attn = False): "
+        "use attn_implementation='eager' or 'sdpa' for it"
+    )

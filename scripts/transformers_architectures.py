@@ -44,8 +44,9 @@ also listed as causal LMs left out), built tiny from its default config (2 layer
 [`register()`](transformers.md) as `attn_implementation="attn_ref"`.
 
 * **fp32**: greedy `generate` of a left-padded batch of 3 (3 new tokens) against `eager`:
-  *identical* means the same tokens and logits within 1e-5 (or within twice `sdpa`'s own fp32
-  error, where that is larger); *refused* means one of attn-ref's catalogued errors was raised
+  *identical* means the same tokens and logits within 1e-5, or within FlashAttention's rule
+  against `sdpa` (twice `sdpa`'s own fp32 error plus 1e-5); *refused* means one of attn-ref's
+  catalogued errors was raised
   (`python -m errors explain <slug>` says why); **different** and **crash** are failures of the
   contract "identical or refused".
 * **kernels**: the same with `"attn_ref_kernels"`, on a sample (the Triton interpreter is slow).

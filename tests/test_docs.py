@@ -31,15 +31,13 @@ from mkdocs.exceptions import PluginError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from conftest import SITE_PATH  # noqa: E402 - the published site's path (its site_url's)
 from docs_hooks import code_lines  # noqa: E402
 from docs_hooks.error_pages import entry_json, is_capability_gap  # noqa: E402
 from docs_hooks.source_includes import definition_lines  # noqa: E402
 from errors import catalog as cat, upstream  # noqa: E402
 from upstream_forms import pasted_forms  # noqa: E402
 
-#: The path of the published site (``site_url``'s path): pages refer to their assets through it
-#: (404.html).
-SITE_PATH = "attn-ref"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless",
@@ -51,23 +49,6 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """The built site, in a folder named as the path of ``site_url`` (``attn-ref``), as it is
-    published."""
-    site_dir = tmp_path_factory.mktemp("site") / SITE_PATH
-    result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
-        cwd=ROOT,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stderr[-6000:]}"
-    return site_dir
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,11 @@ identifiers (``sq``, ``dv``...) and is searched only for the per-entry symbols (
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from bs4 import BeautifulSoup
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,24 +237,6 @@ def findings(parts: list[Part], quotes: list[str]) -> list[str]:
                             f"{line[start : match.end() + 40].strip()!r}: use {retired.use}"
                         )
     return found
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """The built site (``ATTN_REF_SITE`` may name one already built from this tree)."""
-    if os.environ.get("ATTN_REF_SITE"):
-        return Path(os.environ["ATTN_REF_SITE"])
-    site_dir = tmp_path_factory.mktemp("site") / "attn-ref"
-    result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
-        cwd=ROOT,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stderr[-6000:]}"
-    return site_dir
 
 
 def test_rendered_pages_use_the_notation_page_symbols(site):

@@ -258,13 +258,15 @@ def eager(model_type: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tolerance(model_type: str) -> float:
-    """:data:`LOGITS_ATOL`, or twice transformers' own ``sdpa`` error against eager where that is
-    larger (a model whose layers amplify fp32 rounding: HRM's recurrent steps)."""
+    """FlashAttention's rule with transformers' ``sdpa`` as the baseline: twice ``sdpa``'s error
+    against eager plus :data:`LOGITS_ATOL` (:data:`LOGITS_ATOL` alone for a model without
+    ``sdpa``). Models whose layers amplify fp32 rounding (HRM's recurrent steps, Nemotron's logits
+    of size 10) get the room their own ``sdpa`` needs."""
     model = tiny_model(model_type)
     if not model._supports_sdpa:
         return LOGITS_ATOL
     tokens, logits = greedy(model, "sdpa")
-    return max(LOGITS_ATOL, 2 * (logits - eager(model_type)[1]).abs().max().item())
+    return LOGITS_ATOL + 2 * (logits - eager(model_type)[1]).abs().max().item()
 
 
 def check(model_type: str, implementation: str) -> Result:
@@ -279,7 +281,7 @@ def check(model_type: str, implementation: str) -> Result:
         return Result(model_type, implementation, "crash", type(exc).__name__)
     same = (tokens == expected_tokens).float().mean().item()
     error = (logits - expected_logits).abs().max().item()
-    if same == 1.0 and (error <= LOGITS_ATOL or error <= tolerance(model_type)):
+    if same == 1.0 and (error <= LOGITS_ATOL or error <= tolerance(model_type)):  # cheap first
         return Result(model_type, implementation, "identical", "", error)
     return Result(model_type, implementation, "different", f"{same:.0%} of tokens", error)
 

@@ -1262,7 +1262,11 @@ MESSAGE_FRAGMENTS = {
     "num_splits must be an int <= 256": {"options/bad-num-splits"},
     "need 0 <= cache_leftpad <= cache_seqlens": {"kv-cache/leftpad-exceeds-seqlens"},
     "values must lie in [0, 4), got": {"kv-cache/index-out-of-range"},
-    "zigzag ring is meaningless": {"upstream/ring-needs-causal"},  # ring-flash-attention's assert
+    # ring-flash-attention's assert, and this package's zigzag varlen refusal in its words
+    "zigzag ring is meaningless": {
+        "upstream/ring-needs-causal",
+        "sequence-parallel/zigzag-varlen-needs-causal",
+    },
     "head dimension at most 256": {"upstream/head-dim-too-large"},  # FlashAttention's check
     "only supports ver=3, got 2": {"kv-cache/unsupported-ver"},  # sglang's wrapper
 }

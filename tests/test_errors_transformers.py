@@ -9,10 +9,15 @@ import traceback
 
 import pytest
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, DogeConfig
 
 import errors
-from attn_ref.integrations.transformers import IMPLEMENTATIONS, UnsupportedAttention, register
+from attn_ref.integrations.transformers import (
+    IMPLEMENTATIONS,
+    UnsupportedAttention,
+    register,
+    visibility_mask,
+)
 from attn_ref.packages import KernelsNameTaken, check_hub_kernels
 from errors.__main__ import main
 from errors.pasted import read
@@ -88,18 +93,13 @@ def test_search_register_finds_it(capsys):
 def test_integration_refusals_carry_their_note():
     model = tiny_model("llama")
     model.set_attn_implementation("attn_ref")
-    with pytest.raises(UnsupportedAttention) as info:  # gradients on: refused
-        model(**padded_batch())
-    assert note_slug(info.value) == "transformers/no-gradients"
-    assert errors.lookup(traceback_text(info.value))["slug"] == "transformers/no-gradients"
-    packed = dict(  # two sequences in one row: refused by the mask function
-        input_ids=padded_batch()["input_ids"][:1],
-        position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]),
-        use_cache=False,
-    )
-    with torch.no_grad(), pytest.raises(UnsupportedAttention) as info:
-        model(**packed)
-    assert note_slug(info.value) == "transformers/mask-pattern"
+    with torch.no_grad(), pytest.raises(UnsupportedAttention) as info:  # refused by the attention
+        model(**padded_batch(), output_attentions=True)
+    assert note_slug(info.value) == "transformers/output-attentions"
+    assert errors.lookup(traceback_text(info.value))["slug"] == "transformers/output-attentions"
+    with pytest.raises(UnsupportedAttention) as info:  # refused by the mask function
+        visibility_mask(2, 3, 3, attention_mask=torch.ones(2, 3), config=DogeConfig())
+    assert note_slug(info.value) == "transformers/no-flash-attention-support"
 
 
 def test_kernels_name_clash_carries_its_note():

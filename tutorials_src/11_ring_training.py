@@ -21,10 +21,15 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 
 import torch
 
 from attn_ref import sequence_parallel as sp
+
+# transformers imports tqdm.auto, which warns in a notebook without ipywidgets (no progress bars
+# are shown here)
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 # %% [markdown]
 # ## A packed batch

@@ -71,9 +71,11 @@
     return [...new Set([stem, stem.replace(/"/g, "'"), stem.replace(/'/g, '"')])];
   }
 
-  // A regex (Python's dialect) that ends its message with any trailing punctuation, or none.
+  // A regex (Python's dialect) that ends its message with any trailing punctuation, or none, and
+  // reads a backtick as any quote (looseForms writes pasted backticks as quotes), as
+  // errors.pasted.compiled does.
   function looseRegex(python) {
-    return python.replace(/(?:\\[.?]|[!;:,])*\\Z$/, "[.!?;:,]*\\Z");
+    return python.replace(/(?:\\[.?]|[!;:,])*\\Z$/, "[.!?;:,]*\\Z").replace(/`/g, "['\"`]");
   }
 
   // The code lines above a bare AssertionError that ends the query (caret lines left out), and the

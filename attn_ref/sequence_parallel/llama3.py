@@ -76,7 +76,7 @@ from .agreement import describe, run_checks_on_every_rank
 from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import check_no_dropout, check_positive_int, check_tensors
 from .comm import Group, group_rank, group_size
-from .ring_flash_attn import check_no_alibi
+from .ring_flash_attn import call_fields, check_no_alibi
 from .ring_varlen import unpack_varlen
 
 
@@ -311,14 +311,14 @@ def _llama3(call: str, packed: dict, args: tuple, options: dict, backend: Attent
         )
         return q, k, v
 
-    fields = {name: describe(x) for name, x in packed.items()}
-    fields.update(
+    fields = call_fields(
+        packed,
+        options["softmax_scale"],
+        options["causal"],
+        options["window_size"],
         cu_seqlens_q=describe(cu_seqlens_q, varlen_dim=0),
         cu_seqlens_k=describe(cu_seqlens_k, varlen_dim=0),
         heads_k_stride=heads_k_stride,
-        softmax_scale=options["softmax_scale"],
-        causal=options["causal"],
-        window_size=describe(options["window_size"]),
     )
     q, k, v = run_checks_on_every_rank(group, call, fields, checks)
     plan = _Plan(

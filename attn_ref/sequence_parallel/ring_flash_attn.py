@@ -63,6 +63,24 @@ def _unpack(packed: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
     return packed["q"], packed["k"], packed["v"]
 
 
+def call_fields(packed: dict, softmax_scale, causal, window_size, **more) -> dict:
+    """What every rank's call of a ring-flash-attention entry point must agree on (for
+    :func:`~.agreement.run_checks_on_every_rank`): the packed tensors described, ``more`` (the
+    entry point's own arguments, already described), the scale, ``causal`` and the window."""
+    fields = {name: describe(x) for name, x in packed.items()}
+    fields.update(more)
+    fields.update(softmax_scale=softmax_scale, causal=causal, window_size=describe(window_size))
+    return fields
+
+
+def batched_result(out: torch.Tensor, lse: torch.Tensor, return_attn_probs):
+    """ring-flash-attention's return convention for ``[b, S / P, h, d]`` inputs: ``out``, or
+    ``(out, softmax_lse [b, h, S / P], None)`` (the ring's LSE ``[b, S / P, h]`` transposed)."""
+    if not return_attn_probs:
+        return out
+    return out, lse.transpose(1, 2).contiguous(), None
+
+
 def _ring_flash_attn(
     call: str,
     zigzag: bool,
@@ -89,14 +107,10 @@ def _ring_flash_attn(
         check_ring_inputs(q, k, v, zigzag)
         return q, k, v, check_ring_window(window_size, causal, q.shape[1] * group_size(group))
 
-    fields = {name: describe(x) for name, x in packed.items()}
-    fields.update(softmax_scale=softmax_scale, causal=causal, window_size=describe(window_size))
+    fields = call_fields(packed, softmax_scale, causal, window_size)
     q, k, v, causal = run_checks_on_every_rank(group, call, fields, checks)
     out, lse = ring_attention_unchecked(q, k, v, group, softmax_scale, causal, zigzag, backend)
-    if not return_attn_probs:
-        return out
-    # [b, S / P, h] -> ring-flash-attention's [b, h, S / P]
-    return out, lse.transpose(1, 2).contiguous(), None
+    return batched_result(out, lse, return_attn_probs)
 
 
 # The entry points: upstream's signatures (names, order, defaults; annotated here, which upstream's

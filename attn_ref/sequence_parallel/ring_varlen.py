@@ -61,7 +61,7 @@ from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import check_attention_inputs, check_no_dropout, check_tensors, check_zigzag_rows
 from .comm import Group, group_rank, group_size
 from .ring import Chunk, block_chunks, ring_attention_states
-from .ring_flash_attn import check_no_alibi, check_ring_window
+from .ring_flash_attn import call_fields, check_no_alibi, check_ring_window
 
 
 def unpack_varlen(
@@ -124,14 +124,14 @@ def _ring_flash_attn_varlen(
         return q, k, v, offsets, check_ring_window(window_size, causal, longest)
 
     size, rank = group_size(group), group_rank(group)
-    fields = {name: describe(x) for name, x in packed.items()}
-    fields.update(
+    fields = call_fields(
+        packed,
+        softmax_scale,
+        causal,
+        window_size,
         cu_seqlens=describe(cu_seqlens),
         cu_seqlens_values=_offsets_or_none(cu_seqlens),
         max_seqlen=describe(max_seqlen),
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=describe(window_size),
     )
     q, k, v, offsets, causal = run_checks_on_every_rank(group, call, fields, checks)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale

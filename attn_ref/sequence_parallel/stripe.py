@@ -30,12 +30,18 @@ from typing import Optional
 import torch
 
 from ..error_notes import catalogued
-from .agreement import describe, run_checks_on_every_rank
+from .agreement import run_checks_on_every_rank
 from .backend import REFERENCE_BACKEND, AttentionBackend
 from .checks import check_no_dropout
 from .comm import Group, group_rank, group_size
 from .ring import Chunk, check_ring_inputs, ring_attention_states
-from .ring_flash_attn import _unpack, check_no_alibi, check_ring_window
+from .ring_flash_attn import (
+    _unpack,
+    batched_result,
+    call_fields,
+    check_no_alibi,
+    check_ring_window,
+)
 
 
 def stripe_chunks(ring_rank: int, rows: int) -> tuple[Chunk, ...]:
@@ -69,8 +75,7 @@ def _stripe_flash_attn(
         return q, k, v
 
     size, rank = group_size(group), group_rank(group)
-    fields = {name: describe(x) for name, x in packed.items()}
-    fields.update(softmax_scale=softmax_scale, causal=causal, window_size=describe(window_size))
+    fields = call_fields(packed, softmax_scale, causal, window_size)
     q, k, v = run_checks_on_every_rank(group, call, fields, checks)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     rows = q.shape[1]
@@ -85,11 +90,7 @@ def _stripe_flash_attn(
         softmax_scale=scale,
         causal=True,
     )
-    out = out.to(q.dtype)
-    if not return_attn_probs:
-        return out
-    # [b, S / P, h] -> ring-flash-attention's [b, h, S / P]
-    return out, lse.transpose(1, 2).contiguous(), None
+    return batched_result(out.to(q.dtype), lse, return_attn_probs)
 
 
 # The entry points: upstream's signatures (names, order, defaults; annotated here, which upstream's
